@@ -1,0 +1,25 @@
+"""Shared fixtures: the tiny SD model and the demo dataset are built once per test session, offline."""
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the suite may reach the hub
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def demo_assets(tmp_path_factory):
+    from trainer.demo import ensure_demo_assets
+
+    return ensure_demo_assets(tmp_path_factory.mktemp("demo-assets"))
+
+
+@pytest.fixture(scope="session")
+def tiny_sd_path(demo_assets):
+    return demo_assets["tiny-sd"]
+
+
+@pytest.fixture(scope="session")
+def demo_data_path(demo_assets):
+    return demo_assets["demo-data"]

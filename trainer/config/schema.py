@@ -1,0 +1,200 @@
+"""The typed config schema: the single source of truth for preset keys.
+
+Presets are sparse YAML overlays on these defaults. Every field's `help` is its documentation (the UI shows
+it next to the field; `docs/` is generated from it). `choices` lists the accepted values of a string field.
+Derived quantities (accumulation, precision on this machine...) live in `trainer.plan`, not here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from typing import Any, Optional, Union
+
+SCHEMA_VERSION = 1
+
+
+def key(default: Any, help: str, *, choices: tuple[str, ...] | None = None, group: str | None = None):
+    """A documented config field. Lists/dicts are copied per instance."""
+    meta = {"help": help, "choices": choices, "group": group}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class ModelConfig:
+    family: str = key("sd", "Model family: `sd` (Stable Diffusion 1.x / 2.x).")
+    path: str = key(
+        "",
+        "The base model: a local diffusers folder, a single-file `.safetensors`/`.ckpt` checkpoint, a hub id "
+        "(`stable-diffusion-v1-5/stable-diffusion-v1-5`, needs network), or `demo://tiny-sd` for the offline demo.",
+    )
+    config: Optional[str] = key(
+        None,
+        "For a single-file checkpoint: a diffusers folder or hub id with the matching component configs "
+        "(tokenizer, scheduler...). Needed offline; online diffusers infers it.",
+    )
+    prediction_type: str = key(
+        "auto",
+        "What the UNet predicts: `auto` reads the model's scheduler config; `epsilon` (SD 1.x, SD 2.x-base) or "
+        "`v_prediction` (SD 2.x 768).",
+        choices=("auto", "epsilon", "v_prediction"),
+    )
+    revision: Optional[str] = key(None, "Hub revision (branch, tag or commit) of a hub model.")
+    variant: Optional[str] = key(None, "Hub weight variant, e.g. `fp16`.")
+
+
+@dataclass
+class LoraConfig:
+    rank: int = key(16, "LoRA rank (the inner dimension). 4-32 is usual for a subject or a style.")
+    alpha: float = key(16.0, "LoRA alpha: the update is scaled by alpha / rank.")
+    dropout: float = key(0.0, "Dropout on the LoRA branch (0 to 1).")
+    unet_targets: list[str] = key(
+        ["to_k", "to_q", "to_v", "to_out.0"], "UNet module names that get LoRA layers (attention projections)."
+    )
+    train_text_encoder: bool = key(False, "Also train LoRA layers on the text encoder.")
+    text_encoder_targets: list[str] = key(
+        ["q_proj", "k_proj", "v_proj", "out_proj"], "Text-encoder module names that get LoRA layers."
+    )
+
+
+@dataclass
+class FullConfig:
+    train_text_encoder: bool = key(False, "Full fine-tune: also train the text encoder.")
+    ema: bool = key(False, "Keep an exponential moving average of the trained weights and save it as the output.")
+    ema_decay: float = key(0.9999, "EMA decay per optimizer step (0 to 1).")
+    save_single_file: bool = key(True, "Also write the result as one `.safetensors` file for A1111 / ComfyUI.")
+
+
+@dataclass
+class PriorConfig:
+    enabled: bool = key(False, "DreamBooth prior preservation: also train on class images with the class prompt.")
+    class_path: str = key("", "Folder of class images; missing ones are generated with the base model.")
+    class_prompt: str = key("", "Prompt of the class images, e.g. `a photo of a dog`.")
+    num_class_images: int = key(100, "How many class images to have; generated when the folder holds fewer.")
+    loss_weight: float = key(1.0, "Weight of the prior-preservation loss.")
+    sample_steps: int = key(25, "Inference steps used to generate class images.")
+
+
+@dataclass
+class DataConfig:
+    path: str = key(
+        "",
+        "Training images: a folder of images with same-name `.txt` captions, kohya `N_prompt` sub-folders "
+        "(N repeats), or a `metadata.jsonl`. `demo://demo-data` is the offline demo set.",
+    )
+    instance_prompt: Optional[str] = key(None, "Caption for images that have none (e.g. `a photo of sks dog`).")
+    caption_extension: str = key(".txt", "Extension of caption files next to the images.")
+    resolution: int = key(512, "Training resolution in pixels (square); a multiple of 8.")
+    center_crop: bool = key(True, "Center-crop to the resolution; false crops at random (disables latent caching).")
+    flip: bool = key(False, "Randomly flip images horizontally (latents of both sides are cached).")
+    cache_latents: bool = key(True, "Encode each image with the VAE once, not every step, when augmentation allows.")
+
+
+@dataclass
+class BatchConfig:
+    total: int = key(
+        4,
+        "Effective batch per optimizer step, on any number of devices. "
+        "accumulation = total / (per_device x processes).",
+    )
+    per_device: Union[int, str] = key(
+        1, "Micro-batch on each process, or `auto` for the largest that fits on the GPU (1 on CPU)."
+    )
+
+
+@dataclass
+class TrainConfig:
+    steps: int = key(1000, "Optimizer steps to train (not micro-steps; independent of the number of devices).")
+    lr: float = key(1e-4, "Learning rate (peak, after warmup).")
+    text_encoder_lr: Optional[float] = key(None, "Learning rate of the text encoder; defaults to `train.lr`.")
+    optimizer: str = key(
+        "adamw",
+        "`adamw`, `adamw8bit` (bitsandbytes, CUDA only) or `sgd`.",
+        choices=("adamw", "adamw8bit", "sgd"),
+    )
+    weight_decay: float = key(1e-2, "AdamW weight decay.")
+    betas: list[float] = key([0.9, 0.999], "AdamW betas.")
+    eps: float = key(1e-8, "AdamW epsilon.")
+    scheduler: str = key(
+        "constant",
+        "Learning-rate schedule over optimizer steps.",
+        choices=("constant", "linear", "cosine", "cosine_with_restarts", "polynomial"),
+    )
+    warmup_steps: int = key(0, "Linear warmup, in optimizer steps.")
+    max_grad_norm: float = key(1.0, "Clip the gradient norm to this (0 disables clipping).")
+    noise_offset: float = key(0.0, "Noise offset (0.05-0.1 helps very dark/bright images); 0 disables it.")
+    min_snr_gamma: Optional[float] = key(None, "Min-SNR loss weighting gamma (5 is usual); unset disables it.")
+    gradient_checkpointing: bool = key(False, "Trade compute for memory: recompute activations in backward.")
+    max_nonfinite_steps: int = key(
+        5, "Skip steps with a NaN/inf loss; after this many in a row the run fails (keeping its last checkpoint)."
+    )
+
+
+@dataclass
+class SampleConfig:
+    every: int = key(0, "Render samples every N optimizer steps (0: only at the start and the end).")
+    prompts: list[str] = key([], "Prompts to render; one PNG per prompt each time.")
+    negative_prompt: str = key("", "Negative prompt for every sample.")
+    seed: int = key(0, "Seed of the first prompt's noise (prompt i uses seed + i), fixed across the run.")
+    steps: int = key(25, "Inference steps per sample.")
+    guidance_scale: float = key(7.5, "Classifier-free guidance scale.")
+    size: Optional[int] = key(None, "Sample size in pixels; defaults to `data.resolution`.")
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = key(500, "Save a checkpoint every N optimizer steps (0: only when stopping).")
+    keep: int = key(2, "How many checkpoints to keep (the oldest are deleted).")
+
+
+@dataclass
+class DistributedConfig:
+    nodes: int = key(1, "Machines in the run (multi-node through torchrun's c10d rendezvous).")
+    node_rank: int = key(0, "This machine's index, 0 .. nodes-1 (node 0 writes the run folder).")
+    master_addr: str = key("127.0.0.1", "Address of node 0, reachable from every node.")
+    master_port: int = key(29500, "Rendezvous port on node 0 (multi-node only; single-node picks a free one).")
+    timeout_s: int = key(1800, "Seconds a collective may wait before the run fails naming what it waited for.")
+
+
+@dataclass
+class Config:
+    version: int = key(SCHEMA_VERSION, "Schema version of this preset (old versions are migrated on load).")
+    name: str = key("run", "Run name; the run folder is `runs/<name>` (a number is appended if it exists).")
+    method: str = key("lora", "`lora` (small adapter file) or `full` (DreamBooth full fine-tune).", choices=("lora", "full"))
+    seed: int = key(0, "Seed of everything: initialisation, data order, noise, augmentation.")
+    devices: Any = key(
+        "auto",
+        "`auto` (every visible GPU, else CPU), a GPU count (2), a list of GPU ids ([0, 2]) or `cpu:N` "
+        "(N CPU processes on gloo).",
+    )
+    precision: str = key(
+        "auto",
+        "`auto` (bf16 where the GPU has it, else fp16 with loss scaling; fp32 on CPU), `bf16`, `fp16`, `fp32`.",
+        choices=("auto", "bf16", "fp16", "fp32"),
+    )
+    attention: str = key(
+        "auto", "`auto` (xformers if installed on CUDA, else PyTorch SDPA), `sdpa`, `xformers`.",
+        choices=("auto", "sdpa", "xformers"),
+    )
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    full: FullConfig = field(default_factory=FullConfig)
+    prior: PriorConfig = field(default_factory=PriorConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    sample: SampleConfig = field(default_factory=SampleConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+
+
+def iter_keys(cls=Config, prefix: str = ""):
+    """Yield (dotted key, dataclass field) for every leaf key of the schema, in declaration order."""
+    for f in fields(cls):
+        name = f"{prefix}{f.name}"
+        if f.default_factory is not MISSING and is_dataclass(f.default_factory):
+            sub = f.default_factory
+            yield from iter_keys(sub, name + ".")
+        else:
+            yield name, f

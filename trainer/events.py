@@ -1,0 +1,113 @@
+"""The run folder's event log: `events.jsonl`, one JSON object per line, flushed per line.
+
+Torch-free: the launcher, `launch.py`'s progress bar and the web UI all read it. Every event has `type` and
+`time`; a run ends with exactly one final event (`done`, `stopped` or `failed`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Iterator
+
+FINAL_TYPES = ("done", "stopped", "failed")
+EVENTS_FILE = "events.jsonl"
+
+
+class EventLog:
+    """Appends events to `<run>/events.jsonl`. Only one process writes at a time (rank 0, or the launcher
+    before the workers start and after they end)."""
+
+    def __init__(self, run_dir: str | Path):
+        self.path = Path(run_dir) / EVENTS_FILE
+
+    def emit(self, type: str, **fields) -> dict:
+        event = {"type": type, "time": round(time.time(), 3), **fields}
+        line = json.dumps(event, default=_jsonable)
+        # O_APPEND + one write per line: a reader never sees half a line, even while we write.
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+            f.flush()
+        return event
+
+
+def _jsonable(value):
+    if hasattr(value, "item"):  # numpy / torch scalars
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def read_events(run_dir: str | Path) -> list[dict]:
+    """Every complete event so far (a line still being written is left for the next read)."""
+    return list(iter_events(run_dir))
+
+
+def iter_events(run_dir: str | Path, offset: int = 0) -> Iterator[dict]:
+    path = Path(run_dir) / EVENTS_FILE
+    if not path.exists():
+        return
+    with open(path, encoding="utf-8") as f:
+        f.seek(offset)
+        for line in f:
+            if not line.endswith("\n"):
+                break
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue
+
+
+class EventFollower:
+    """Reads new events as they are appended (for progress bars and the UI's polling)."""
+
+    def __init__(self, run_dir: str | Path):
+        self.path = Path(run_dir) / EVENTS_FILE
+        self.offset = 0
+
+    def poll(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        events = []
+        with open(self.path, encoding="utf-8") as f:
+            f.seek(self.offset)
+            while True:
+                line = f.readline()
+                if not line.endswith("\n"):
+                    break
+                self.offset += len(line.encode("utf-8"))
+                try:
+                    events.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+        return events
+
+
+def final_event(events: list[dict]) -> dict | None:
+    """The last final event, if the run has ended (a resumed run may have an earlier `stopped`)."""
+    last = None
+    for event in events:
+        if event["type"] in FINAL_TYPES:
+            last = event
+        elif event["type"] == "resumed":
+            last = None
+    return last
+
+
+def run_status(run_dir: str | Path) -> str:
+    """`running`, `done`, `stopped`, `failed` or `unknown` (no events yet / the writer vanished)."""
+    events = read_events(run_dir)
+    final = final_event(events)
+    if final:
+        return final["type"]
+    pid_file = Path(run_dir) / "launcher.pid"
+    if pid_file.exists():
+        try:
+            os.kill(int(pid_file.read_text().strip()), 0)
+            return "running"
+        except (OSError, ValueError):
+            return "unknown"
+    return "running" if events else "unknown"

@@ -1,0 +1,72 @@
+"""The protocol every model family implements. The training loop talks to a family only through this.
+
+A family owns its models, its dataset and its maths; the loop owns the step: accumulation, precision,
+clipping, optimizer and scheduler, stopping, checkpoints and events. Adding a family is one module that
+implements this class and one line in `trainer/families/__init__.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from PIL import Image
+
+from trainer.config.schema import Config
+from trainer.plan import Plan
+
+
+@dataclass
+class WorkerContext:
+    """What a family gets from the worker: the config, the plan, this process's place and device."""
+
+    config: Config
+    plan: Plan
+    run_dir: Path
+    cache_dir: Path
+    device: torch.device
+    rank: int
+    world_size: int
+    accelerator: object  # accelerate.Accelerator (barrier, wait_for_everyone, unwrap_model)
+    log_warning: object  # callable(str): a `warning` event on rank 0 and a line in the log
+
+
+class Family(Protocol):
+    name: str
+
+    def __init__(self, ctx: WorkerContext): ...
+
+    def load(self) -> None:
+        """Load the models onto ctx.device, freeze what is frozen, add adapters, set dtypes."""
+
+    def trainable_modules(self) -> list[torch.nn.Module]:
+        """Modules with trainable parameters (the worker wraps them for DDP and hands them back)."""
+
+    def set_prepared(self, modules: list[torch.nn.Module]) -> None:
+        """Receive the DDP-wrapped modules (same order) to use in `loss`."""
+
+    def param_groups(self) -> list[dict]:
+        """Optimizer parameter groups, each with `params` and `lr`."""
+
+    def prepare_data(self) -> int:
+        """Scan, check and cache the data (caches: one writer per file, the others wait); return the number of
+        items per epoch (repeats included)."""
+
+    def loss(self, positions: list[int]) -> torch.Tensor:
+        """Mean loss of the samples at these stream positions (a micro-batch), called under autocast.
+
+        Every random draw for a sample (augmentation, noise, timestep) is seeded from its position, so the
+        result does not depend on how the global batch is split across processes and micro-steps."""
+
+    def sample(self, prompts: list[str], seeds: list[int]) -> list[Image.Image]:
+        """Render prompts with the current weights in fp32 (rank 0 only)."""
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        """Trainable weights for a checkpoint (fp32, unwrapped names)."""
+
+    def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None: ...
+
+    def save_outputs(self, out_dir: Path, *, step: int) -> list[str]:
+        """Write the final artifacts; return their paths relative to the run folder."""

@@ -1,0 +1,247 @@
+"""Stable Diffusion 1.x / 2.x: LoRA (peft through diffusers' adapter API) and DreamBooth full fine-tuning,
+epsilon and v-prediction, optional prior preservation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from diffusers import DDPMScheduler, DPMSolverMultistepScheduler, StableDiffusionPipeline
+
+from trainer.data.images import load_image_tensor, sample_rng, torch_generator
+from trainer.data.scan import require_usable, scan_dataset
+from trainer.data.stream import position_seed
+from trainer.families import diffusion
+from trainer.families.base import WorkerContext
+from trainer.families.latent_cache import build_latent_cache, cache_key
+from trainer.families.prior import ensure_class_images
+from trainer.families.sd_loading import load_sd_components
+from trainer.precision import frozen_dtype
+
+
+class StableDiffusionFamily:
+    name = "sd"
+
+    def __init__(self, ctx: WorkerContext):
+        self.ctx = ctx
+        self.cfg = ctx.config
+        self.prepared: list[torch.nn.Module] = []
+
+    # ---- models -------------------------------------------------------------------------------------------
+    def load(self) -> None:
+        cfg, device = self.cfg, self.ctx.device
+        parts = load_sd_components(cfg.model)
+        self.unet, self.vae, self.text_encoder, self.tokenizer = parts.unet, parts.vae, parts.text_encoder, parts.tokenizer
+        self.scheduler_config = parts.scheduler_config
+        self.prediction_type = parts.prediction_type
+        self.noise_scheduler = DDPMScheduler.from_config(parts.scheduler_config, prediction_type=self.prediction_type)
+        for module in (self.unet, self.vae, self.text_encoder):
+            module.requires_grad_(False)
+
+        base_dtype = frozen_dtype(self.ctx.plan.precision, cfg.method)
+        # The VAE stays fp32 under fp16: SD VAEs overflow to NaN latents in fp16 (black samples).
+        self.vae.to(device, dtype=torch.float32 if self.ctx.plan.precision == "fp16" else base_dtype)
+        self.unet.to(device, dtype=base_dtype)
+        self.text_encoder.to(device, dtype=base_dtype)
+        if self.ctx.plan.attention == "xformers":
+            self.unet.enable_xformers_memory_efficient_attention()
+
+        self.train_text_encoder = cfg.lora.train_text_encoder if cfg.method == "lora" else cfg.full.train_text_encoder
+        torch.manual_seed(cfg.seed)  # identical adapter init on every rank and every world size
+        if cfg.method == "lora":
+            from peft import LoraConfig
+
+            def adapter(targets):
+                return LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+                                  init_lora_weights="gaussian", target_modules=list(targets))
+
+            self.unet.add_adapter(adapter(cfg.lora.unet_targets))
+            if self.train_text_encoder:
+                from peft import inject_adapter_in_model
+
+                # transformers' own add_adapter refuses peft < 0.22; injecting directly works with every peft
+                inject_adapter_in_model(adapter(cfg.lora.text_encoder_targets), self.text_encoder)
+        else:
+            self.unet.requires_grad_(True)
+            self.text_encoder.requires_grad_(self.train_text_encoder)
+        for module in self.trainable_modules():
+            for p in module.parameters():
+                if p.requires_grad:
+                    p.data = p.data.float()  # trained weights stay fp32 whatever the precision
+        if cfg.train.gradient_checkpointing:
+            self.unet.enable_gradient_checkpointing()
+            if self.train_text_encoder:
+                self.text_encoder.gradient_checkpointing_enable()
+        self.unet.train()
+        self.text_encoder.train(self.train_text_encoder)
+        self.vae.eval()
+
+    def trainable_modules(self) -> list[torch.nn.Module]:
+        return [self.unet, self.text_encoder] if self.train_text_encoder else [self.unet]
+
+    def set_prepared(self, modules: list[torch.nn.Module]) -> None:
+        self.prepared = modules
+
+    def param_groups(self) -> list[dict]:
+        t = self.cfg.train
+        groups = [{"params": [p for p in self.unet.parameters() if p.requires_grad], "lr": t.lr}]
+        if self.train_text_encoder:
+            params = [p for p in self.text_encoder.parameters() if p.requires_grad]
+            groups.append({"params": params, "lr": t.text_encoder_lr or t.lr})
+        return groups
+
+    def _named_trainable(self):
+        for prefix, module in (("unet", self.unet), ("text_encoder", self.text_encoder)):
+            for name, p in module.named_parameters():
+                if p.requires_grad:
+                    yield f"{prefix}.{name}", p
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        return {name: p.detach().float().cpu().contiguous() for name, p in self._named_trainable()}
+
+    def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
+        params = dict(self._named_trainable())
+        missing = sorted(set(params) - set(state))
+        if missing:
+            raise RuntimeError(f"checkpoint lacks {len(missing)} trainable tensors, e.g. {missing[0]}")
+        with torch.no_grad():
+            for name, p in params.items():
+                p.copy_(state[name].to(p.device, p.dtype))
+
+    # ---- data ---------------------------------------------------------------------------------------------
+    def prepare_data(self) -> int:
+        cfg, ctx = self.cfg, self.ctx
+        scan = scan_dataset(cfg.data.path, instance_prompt=cfg.data.instance_prompt,
+                            caption_extension=cfg.data.caption_extension, resolution=cfg.data.resolution)
+        require_usable(scan)
+        for warning in scan.warnings:
+            ctx.log_warning(f"data: {warning}")
+        self.images = scan.items
+        self.expanded = [i for i, item in enumerate(scan.items) for _ in range(item.repeats)]
+        self.class_images = []
+        if cfg.prior.enabled:
+            self.class_images = ensure_class_images(self, ctx)
+        self.tokens = {}
+        self.use_cache = cfg.data.cache_latents and cfg.data.center_crop
+        if cfg.data.cache_latents and not cfg.data.center_crop:
+            ctx.log_warning("data.cache_latents is off because data.center_crop is false (random crops)")
+        if self.use_cache:
+            self.latents = self._cache(self.images, "instance")
+            if self.class_images:
+                self.class_latents = self._cache(self.class_images, "class")
+        return len(self.expanded)
+
+    def _cache(self, items, kind: str) -> dict[str, torch.Tensor]:
+        cfg, ctx = self.cfg, self.ctx
+        key = cache_key({"model": cfg.model.path, "vae": dict(self.vae.config), "res": cfg.data.resolution,
+                         "flip": cfg.data.flip, "kind": kind}, [i.path for i in items])
+        flip = cfg.data.flip
+
+        @torch.no_grad()
+        def encode(indices):
+            out = {}
+            for suffix, mirrored in (("", False), ("_flip", True)) if flip else (("", False),):
+                pixels = torch.stack([self._pixels(items[i].path, mirrored) for i in indices])
+                dist = self.vae.encode(pixels.to(ctx.device, self.vae.dtype)).latent_dist
+                out["mean" + suffix], out["std" + suffix] = dist.mean, dist.std
+            return out
+
+        return build_latent_cache(ctx.cache_dir / "latents" / key, len(items), encode, rank=ctx.rank,
+                                  world_size=ctx.world_size, barrier=ctx.accelerator.wait_for_everyone)
+
+    def _pixels(self, path: str, mirrored: bool) -> torch.Tensor:
+        pixels = load_image_tensor(path, self.cfg.data.resolution, crop="center")
+        return pixels.flip(-1) if mirrored else pixels
+
+    def _token_ids(self, caption: str) -> torch.Tensor:
+        if caption not in self.tokens:
+            self.tokens[caption] = self.tokenizer(caption, padding="max_length", truncation=True,
+                                                  max_length=self.tokenizer.model_max_length,
+                                                  return_tensors="pt").input_ids[0]
+        return self.tokens[caption]
+
+    def _latent_dist(self, image_index: int, epoch: int, expanded_index: int, kind: str):
+        """(mean, std) of the VAE latent distribution of one training sample, with its augmentation."""
+        cfg = self.cfg
+        items = self.images if kind == "instance" else self.class_images
+        cached = self.latents if kind == "instance" else getattr(self, "class_latents", None)
+        if self.use_cache and cached is not None:
+            mirrored = cfg.data.flip and sample_rng(cfg.seed, epoch, expanded_index).random() < 0.5
+            suffix = "_flip" if mirrored else ""
+            return cached["mean" + suffix][image_index], cached["std" + suffix][image_index]
+        pixels = load_image_tensor(items[image_index].path, cfg.data.resolution,
+                                   crop="center" if cfg.data.center_crop else "random", flip=cfg.data.flip,
+                                   rng=sample_rng(cfg.seed, epoch, expanded_index))
+        with torch.no_grad():
+            dist = self.vae.encode(pixels[None].to(self.ctx.device, self.vae.dtype)).latent_dist
+        return dist.mean[0].float().cpu(), dist.std[0].float().cpu()
+
+    # ---- loss ---------------------------------------------------------------------------------------------
+    def loss(self, samples) -> torch.Tensor:
+        """samples: (position, epoch, expanded index) triples; see trainer.data.stream."""
+        instance = [(pos, epoch, self.expanded[idx], idx, "instance") for pos, epoch, idx in samples]
+        loss = self._diffusion_loss(instance, stream=0).mean()
+        if self.class_images:
+            n = len(self.class_images)
+            prior = [(pos, pos // n, pos % n, pos % n, "class") for pos, _, _ in samples]
+            loss = loss + self.cfg.prior.loss_weight * self._diffusion_loss(prior, stream=1).mean()
+        return loss
+
+    def _diffusion_loss(self, rows, *, stream: int) -> torch.Tensor:
+        cfg, device = self.cfg, self.ctx.device
+        latents, noises, timesteps, ids = [], [], [], []
+        factor = self.vae.config.scaling_factor
+        for position, epoch, image_index, expanded_index, kind in rows:
+            mean, std = self._latent_dist(image_index, epoch, expanded_index, kind)
+            gen = torch_generator(position_seed(cfg.seed, position, stream))
+            d = diffusion.draw(gen, tuple(mean.shape), num_timesteps=self.noise_scheduler.config.num_train_timesteps,
+                               noise_offset=cfg.train.noise_offset)
+            latents.append((mean + std * d.latent_eps) * factor)
+            noises.append(d.noise)
+            timesteps.append(d.timestep)
+            caption = self.images[image_index].caption if kind == "instance" else cfg.prior.class_prompt
+            ids.append(self._token_ids(caption))
+        latents, noise = torch.stack(latents).to(device), torch.stack(noises).to(device)
+        t = torch.tensor(timesteps, device=device, dtype=torch.long)
+        noisy = self.noise_scheduler.add_noise(latents, noise, t)
+        unet = self.prepared[0]
+        text_encoder = self.prepared[1] if self.train_text_encoder else self.text_encoder
+        with torch.set_grad_enabled(self.train_text_encoder):
+            hidden = text_encoder(torch.stack(ids).to(device), return_dict=False)[0]
+        pred = unet(noisy.to(self.unet.dtype), t, hidden, return_dict=False)[0]
+        target = diffusion.target_for(self.noise_scheduler, latents, noise, t, self.prediction_type)
+        return diffusion.per_sample_loss(pred, target, scheduler=self.noise_scheduler, timesteps=t,
+                                         prediction_type=self.prediction_type, min_snr_gamma=cfg.train.min_snr_gamma)
+
+    # ---- samples and outputs ------------------------------------------------------------------------------
+    def pipeline(self) -> StableDiffusionPipeline:
+        unwrap = self.ctx.accelerator.unwrap_model
+        scheduler = DPMSolverMultistepScheduler.from_config(self.scheduler_config, prediction_type=self.prediction_type)
+        return StableDiffusionPipeline(vae=self.vae, text_encoder=unwrap(self.text_encoder), tokenizer=self.tokenizer,
+                                       unet=unwrap(self.unet), scheduler=scheduler, safety_checker=None,
+                                       feature_extractor=None, requires_safety_checker=False)
+
+    @torch.no_grad()
+    def sample(self, prompts: list[str], seeds: list[int], *, size: int | None = None, steps: int = 25,
+               guidance_scale: float = 7.5, negative_prompt: str = ""):
+        pipe = self.pipeline()
+        pipe.set_progress_bar_config(disable=True)
+        size = size or self.cfg.data.resolution
+        was_training = [m.training for m in (self.unet, self.text_encoder)]
+        self.unet.eval(), self.text_encoder.eval()
+        images = []
+        try:
+            for prompt, seed in zip(prompts, seeds):
+                gen = torch.Generator(self.ctx.device).manual_seed(seed)
+                with torch.autocast(self.ctx.device.type, dtype=self.unet.dtype, enabled=self.unet.dtype != torch.float32):
+                    out = pipe(prompt, negative_prompt=negative_prompt or None, height=size, width=size,
+                               num_inference_steps=steps, guidance_scale=guidance_scale, generator=gen)
+                images.append(out.images[0])
+        finally:
+            self.unet.train(was_training[0]), self.text_encoder.train(was_training[1])
+        return images
+
+    def save_outputs(self, out_dir: Path, *, step: int) -> list[str]:
+        from trainer.families.sd_outputs import save_sd_outputs
+
+        return save_sd_outputs(self, out_dir, step=step)

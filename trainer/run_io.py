@@ -1,0 +1,102 @@
+"""What the loop writes into the run folder: samples, checkpoints (and reading them back on resume).
+
+Rank 0 writes; the other ranks wait at a barrier (with the run's collective timeout) so that nobody races
+ahead, and so that a sample or a checkpoint never races a second writer.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+
+from trainer.checkpoint import CheckpointWriteError, latest_checkpoint, save_checkpoint
+
+SAMPLES = "samples"
+
+
+def draw_samples(run) -> None:
+    cfg = run.config.sample
+    if not cfg.prompts:
+        return
+    step = run.state.step
+    run.phase = f"rank 0 drawing samples at step {step}"
+    if run.accelerator.is_main_process:
+        folder = run.run_dir / SAMPLES
+        folder.mkdir(exist_ok=True)
+        seeds = [cfg.seed + i for i in range(len(cfg.prompts))]
+        images = run.family.sample(list(cfg.prompts), seeds, size=cfg.size, steps=cfg.steps,
+                                   guidance_scale=cfg.guidance_scale, negative_prompt=cfg.negative_prompt)
+        for i, (prompt, image) in enumerate(zip(cfg.prompts, images)):
+            name = f"step-{step:06d}-p{i:02d}.png"
+            tmp = folder / f".{name}"
+            image.save(tmp, format="PNG")
+            tmp.rename(folder / name)  # the UI never shows a half-written PNG
+            run.events.emit("sample", step=step, prompt=prompt, index=i, path=f"{SAMPLES}/{name}")
+    run.accelerator.wait_for_everyone()
+
+
+def _fingerprint(run) -> torch.Tensor:
+    params = run.trainable_params()
+    total = sum(p.detach().double().sum() for p in params)
+    absolute = sum(p.detach().double().abs().sum() for p in params)
+    return torch.stack([torch.as_tensor(total), torch.as_tensor(absolute)]).to(run.accelerator.device)
+
+
+def check_ranks_in_sync(run) -> None:
+    """Trainable weights must be bit-identical on every rank (DDP all-reduces every trainable parameter).
+    A mismatch means gradients went unsynchronised: fail loudly rather than train N different models."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    mine = _fingerprint(run)
+    everyone = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, mine)
+    if any(not torch.equal(everyone[0], other) for other in everyone[1:]):
+        from trainer.loop import RunFailed
+
+        raise RunFailed(f"The trainable weights differ between processes at step {run.state.step}: gradients "
+                        "were not synchronised. This is a bug in the trainer; please report it with train.log.")
+
+
+def save_run_checkpoint(run) -> None:
+    step = run.state.step
+    check_ranks_in_sync(run)
+    run.phase = f"rank 0 writing the checkpoint of step {step}"
+    if run.accelerator.is_main_process:
+        state = {
+            "train_state": vars(run.state).copy(),
+            "optimizer": run.optimizer.state_dict(),
+            "scheduler": run.scheduler.state_dict(),
+            "amp": run.amp.state_dict(),
+            "ema": run.ema.state_dict() if run.ema is not None else None,
+        }
+        writers = {
+            "trainable.safetensors": lambda p: save_file(run.family.trainable_state(), str(p)),
+            "training_state.pt": lambda p: torch.save(state, p),
+        }
+        try:
+            path = save_checkpoint(run.run_dir, step, writers, keep=run.config.checkpoint.keep,
+                                   info={"world_size": run.plan.world_size})
+            run.events.emit("checkpoint", step=step, path=str(path.relative_to(run.run_dir)))
+        except CheckpointWriteError as exc:
+            previous = latest_checkpoint(run.run_dir)
+            kept = f"the previous checkpoint {previous.name} is intact" if previous else "no earlier checkpoint exists"
+            run.events.emit("warning", step=step, message=f"{exc}; {kept}. Free some disk space.")
+    run.accelerator.wait_for_everyone()
+
+
+def load_run_checkpoint(run, folder) -> None:
+    """Restore weights, optimizer, schedule, scaler and position. Weights are loaded before DDP wraps the
+    modules, so this runs in two parts: `load_weights` first, then this."""
+    state = torch.load(folder / "training_state.pt", map_location="cpu", weights_only=False)
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.scheduler.load_state_dict(state["scheduler"])
+    run.amp.load_state_dict(state["amp"])
+    if run.ema is not None and state.get("ema"):
+        run.ema.load_state_dict(state["ema"])
+    for key, value in state["train_state"].items():
+        setattr(run.state, key, value)
+
+
+def load_weights(family, folder) -> None:
+    family.load_trainable_state(load_file(str(folder / "trainable.safetensors")))
