@@ -40,7 +40,7 @@ def launch(runs_dir: Path, config, *, until=None, action=None, timeout: float = 
 
 
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(latest_checkpoint(run_dir) / "trainable.safetensors"))
+    return load_file(str(latest_checkpoint(run_dir).path / "trainable.safetensors"))
 
 
 def progress(run_dir: Path) -> list[dict]:

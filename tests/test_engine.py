@@ -101,3 +101,64 @@ def test_mixed_precision_trains_with_fp32_trainable_weights(runs, tiny_sd_path, 
     assert all(torch.isfinite(t).all() for t in weights.values())
     assert all(e["loss"] == e["loss"] for e in progress(run_dir))  # not NaN
     assert final["overflow_steps"] >= 0 if precision == "fp16" else final["overflow_steps"] == 0
+    if precision == "bf16":  # a finished run can be extended: resume with more steps
+        final = resume_run(run_dir, ["train.steps=3"], hw=CPU_ONLY).wait(timeout=300)
+        assert final["type"] == "done", log_of(run_dir)
+        assert [e["step"] for e in progress(run_dir)] == [1, 2, 3]
+        resumed = [e for e in read_events(run_dir) if e["type"] == "resumed"][0]
+        assert resumed["step"] == 2 and resumed["changes"]["train.steps"] == [2, 3]
+
+
+def test_the_trained_lora_loads_in_diffusers_and_changes_the_output(reference, tiny_sd_path):
+    from diffusers import StableDiffusionPipeline
+
+    def render(pipe):
+        gen = torch.Generator().manual_seed(0)
+        return pipe("a photo of a red circle", num_inference_steps=2, generator=gen, output_type="pt").images
+
+    pipe = StableDiffusionPipeline.from_pretrained(tiny_sd_path)
+    pipe.set_progress_bar_config(disable=True)
+    base = render(pipe)
+    pipe.load_lora_weights(reference / "output")
+    with_lora = render(pipe)
+    assert (with_lora - base).abs().max() > 1e-3
+
+    kohya = next((reference / "output").glob("*_kohya.safetensors"))
+    pipe = StableDiffusionPipeline.from_pretrained(tiny_sd_path)
+    pipe.set_progress_bar_config(disable=True)
+    pipe.load_lora_weights(str(kohya))  # through diffusers' own kohya/A1111 conversion
+    torch.testing.assert_close(render(pipe), with_lora, rtol=0, atol=1e-5)
+
+
+def test_non_finite_losses_fail_the_run_and_keep_the_last_good_checkpoint(runs, tiny_sd_path, demo_data_path):
+    config = engine_config(tiny_sd_path, demo_data_path, "devices=cpu:1", "batch.per_device=4", "name=nan",
+                           "train.lr=1e30", "train.max_grad_norm=0", "train.scheduler=constant",
+                           "train.warmup_steps=0", "train.steps=8", "train.max_nonfinite_steps=2",
+                           "checkpoint.every=1")
+    run_dir, final = launch(runs, config)
+    assert final["type"] == "failed", log_of(run_dir)
+    assert "NaN or infinite for 2 optimizer steps in a row" in final["reason"] and "train.lr=" in final["reason"]
+    warnings = [e for e in read_events(run_dir) if e["type"] == "warning" and "NaN/inf" in e["message"]]
+    assert len(warnings) == 2
+    assert all(e["loss"] is None or e["loss"] == e["loss"] for e in progress(run_dir))  # no NaN in the JSON
+    weights = final_weights(run_dir)  # the newest checkpoint holds finite weights
+    assert all(torch.isfinite(t).all() for t in weights.values())
+
+
+def test_unusable_files_are_skipped_with_warnings_naming_them(runs, tiny_sd_path, demo_data_path, tmp_path):
+    import shutil
+
+    from PIL import Image
+
+    data = tmp_path / "data"
+    shutil.copytree(demo_data_path, data)
+    (data / "broken.png").write_bytes(b"not a png at all")
+    Image.new("RGB", (40, 40), "red").save(data / "small.png")
+    (data / "small.txt").write_text("a photo of a small red square")
+    Image.new("RGB", (64, 64), "blue").save(data / "uncaptioned.png")
+    config = engine_config(tiny_sd_path, data, "devices=cpu:1", "batch.per_device=2", "train.steps=1",
+                           "name=messy")
+    run_dir, final = launch(runs, config)
+    assert final["type"] == "done", log_of(run_dir)
+    warnings = " ".join(e["message"] for e in read_events(run_dir) if e["type"] == "warning")
+    assert "broken.png" in warnings and "uncaptioned.png" in warnings and "small.png: 40x40" in warnings

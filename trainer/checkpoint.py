@@ -11,7 +11,7 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 CHECKPOINTS = "checkpoints"
 COMPLETE = "COMPLETE"
@@ -26,21 +26,27 @@ def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
     return Path(run_dir) / CHECKPOINTS / f"step-{step:06d}"
 
 
-def complete_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
-    """(step, folder) of every complete checkpoint, oldest first."""
+class Checkpoint(NamedTuple):
+    step: int
+    path: Path
+
+
+def complete_checkpoints(run_dir: str | Path) -> list[Checkpoint]:
+    """Every complete checkpoint, oldest first. A folder without the COMPLETE marker was cut off mid-write
+    (or is a `.tmp*` folder still being written): resuming from it is how other trainers resumed from corrupt state."""
     root = Path(run_dir) / CHECKPOINTS
     found = []
     if root.is_dir():
         for child in root.iterdir():
             match = _NAME.match(child.name)
-            if match and (child / COMPLETE).is_file():
-                found.append((int(match.group(1)), child))
+            if match and child.is_dir() and (child / COMPLETE).is_file():
+                found.append(Checkpoint(int(match.group(1)), child))
     return sorted(found)
 
 
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
+def latest_checkpoint(run_dir: str | Path) -> Checkpoint | None:
     found = complete_checkpoints(run_dir)
-    return found[-1][1] if found else None
+    return found[-1] if found else None
 
 
 def _fsync_dir(path: Path) -> None:

@@ -1,35 +1,39 @@
 """Start, watch, stop and resume runs: the one path both front-ends (launch.py and the web UI) take.
 
-A run is torchrun in its own process group (so a Ctrl-C in the terminal or a GUI restart does not reach the
-workers; they are stopped through the STOP file or by killing the group). The workers write the run's events;
+A run is torchrun in its own session (so a Ctrl-C in the terminal or a GUI restart does not reach the workers;
+they are stopped through the STOP file, or killed with their whole process tree by trainer.proctree). The workers write the run's events;
 the launcher writes the first one (`plan`, or `resumed`) and, when the workers die without a final event,
 the `failed` event that names the rank and shows its last log lines.
 
 Torch is imported only by `probe()` (when no Hardware is passed in, for a GPU plan) and by the demo-asset
 builder: the web UI passes the Hardware it read from `python -m trainer.hardware`, so its process stays
 torch-free. Folder details live in trainer.runfolder, resume checks in trainer.resume.
+
+    run_dir, plan = prepare_run(config, "runs")        # or resume_run(run_dir, ["train.steps=2000"])
+    proc = start_run(run_dir, plan, config)            # proc.request_stop() / proc.kill()
+    final = proc.wait()                                # the run's one final event (done/stopped/failed)
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
 from trainer.config import Config, to_yaml
 from trainer.config.validate import parse_devices
+from trainer.checkpoint import Checkpoint
 from trainer.events import EventLog, final_event, read_events
 from trainer.hardware import Hardware
 from trainer.plan import Plan, make_plan
+from trainer.proctree import kill_tree
 from trainer.runfolder import (
-    CONFIG_FILE, LOG_FILE, LOGS_DIR, PID_FILE, PLAN_FILE, Checkpoint, check_run_name, create_run_dir,
+    CONFIG_FILE, LOG_FILE, LOGS_DIR, PID_FILE, PLAN_FILE, check_run_name, create_run_dir,
     describe_failure, request_stop, resolve_paths, write_atomic,
 )
 from trainer.stopping import STOP_FILE
@@ -61,6 +65,17 @@ def plan_for(config: Config, hw: Hardware | None = None) -> Plan:
 # Preparing a run folder
 
 
+def check_data(config: Config) -> None:
+    """Scan the dataset before any process starts: a folder with no usable image is the user's mistake to
+    report now (exit 2, nothing created), not a failed run a minute later. Per-file warnings (corrupt files,
+    missing captions, small images) come from the workers as `warning` events."""
+    from trainer.data.scan import require_usable, scan_dataset
+
+    data = config.data
+    require_usable(scan_dataset(data.path, instance_prompt=data.instance_prompt,
+                                caption_extension=data.caption_extension, resolution=data.resolution))
+
+
 def prepare_run(config: Config, runs_dir: str | Path, hw: Hardware | None = None) -> tuple[Path, Plan]:
     """Plan the run, then create its folder (never reusing one) with config.yaml, plan.json and the `plan` event.
 
@@ -71,6 +86,7 @@ def prepare_run(config: Config, runs_dir: str | Path, hw: Hardware | None = None
     check_run_name(config.name)
     plan = plan_for(config, hw)
     config = resolve_paths(config, runs_dir)
+    check_data(config)
     run_dir = create_run_dir(runs_dir, config.name)
     write_atomic(run_dir / CONFIG_FILE, to_yaml(config))
     write_atomic(run_dir / PLAN_FILE, json.dumps(plan.event(), indent=2) + "\n")
@@ -170,9 +186,9 @@ class RunProcess:
         request_stop(self.run_dir)
 
     def kill(self, grace_s: float = 10.0) -> None:
-        """SIGTERM the whole process group (torchrun and every worker), SIGKILL what is left after grace_s."""
+        """SIGTERM torchrun (it passes it on to the workers), SIGKILL the whole tree if alive after grace_s."""
         self.killed = True
-        kill_group(self.process.pid, grace_s, self.process)
+        kill_tree(self.process.pid, grace_s, self.process)
 
     def wait(self, timeout: float | None = None) -> dict:
         """Wait for torchrun to exit, then return the run's final event, writing `failed` if there is none."""
@@ -201,27 +217,6 @@ class RunProcess:
                 "The run was killed on request before it could stop gracefully; continue it from its last "
                 f"checkpoint with: python launch.py --resume {self.run_dir}"))
         return log.emit("failed", **describe_failure(self.run_dir, returncode, self.log_offset, self.node_rank))
-
-
-def kill_group(pgid: int, grace_s: float = 10.0, process: subprocess.Popen | None = None) -> None:
-    """SIGTERM process group `pgid`, then SIGKILL it if anything is still alive after grace_s."""
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            break
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    try:
-        os.killpg(pgid, signal.SIGKILL)  # workers torchrun left behind, too
-    except ProcessLookupError:
-        pass
 
 
 def start_run(
@@ -255,7 +250,7 @@ def kill_run(run_dir: str | Path, grace_s: float = 10.0) -> bool:
         pgid = int((Path(run_dir) / PID_FILE).read_text().strip())
     except (OSError, ValueError):
         return False
-    kill_group(pgid, grace_s)
+    kill_tree(pgid, grace_s)
     return True
 
 

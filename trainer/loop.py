@@ -6,6 +6,7 @@ clipping, the non-finite guard, stopping, samples, checkpoints and progress even
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,7 +92,8 @@ def fit(run: Run) -> str:
         run.scheduler.step()
         run.state.step = step + 1
         throughput.tick(plan.total)
-        run.events.emit("progress", step=run.state.step, steps=plan.steps, loss=mean_loss,
+        run.events.emit("progress", step=run.state.step, steps=plan.steps,
+                        loss=mean_loss if math.isfinite(mean_loss) else None,
                         lr=run.scheduler.get_last_lr()[0], samples_per_s=throughput.rate(),
                         eta_s=throughput.eta(plan.steps - run.state.step, plan.total),
                         epoch=round(run.stream.epoch_at(run.state.step), 3))
@@ -131,12 +133,13 @@ def _on_nonfinite(run: Run, step: int, mean_loss: float) -> None:
         f"({run.state.nonfinite_in_row} in a row, the run fails after {limit})"))
     if run.state.nonfinite_in_row >= limit:
         precision = run.plan.precision
-        hint = " fp16 overflows easily: try precision=bf16 or fp32;" if precision == "fp16" else ""
+        hint = " fp16 overflows easily: try precision=bf16 or fp32." if precision == "fp16" else ""
         raise RunFailed(
             f"The loss was NaN or infinite for {limit} optimizer steps in a row (up to step {step}), so training "
-            f"stopped.{hint} a learning rate that is too high (train.lr={run.config.train.lr}) is the usual cause; "
-            f"lower it, and check the dataset for broken images. Resume from the last good checkpoint with "
-            f"`python launch.py --resume {run.run_dir}` after changing the preset's values.")
+            f"stopped.{hint} A learning rate that is too high (train.lr={run.config.train.lr:g}) is the usual "
+            f"cause; also check the dataset for broken images. The last checkpoint holds the weights from before "
+            f"these steps: continue from it with a lower rate, e.g. "
+            f"`python launch.py --resume {run.run_dir} train.lr={run.config.train.lr / 10:g}`.")
 
 
 class Throughput:

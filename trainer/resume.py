@@ -19,7 +19,8 @@ from trainer.events import final_event, read_events
 from trainer.hardware import Hardware
 from trainer.launcher import plan_for
 from trainer.plan import Plan
-from trainer.runfolder import CONFIG_FILE, PID_FILE, PLAN_FILE, Checkpoint, latest_checkpoint
+from trainer.checkpoint import Checkpoint, latest_checkpoint
+from trainer.runfolder import CONFIG_FILE, PID_FILE, PLAN_FILE
 
 # Settings a checkpoint was made with: changing them on resume would load state into a different model,
 # optimizer or data order (or, for batch.total, silently change what a step means). Everything else (steps,

@@ -6,6 +6,8 @@ ahead, and so that a sample or a checkpoint never races a second writer.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
@@ -80,7 +82,7 @@ def save_run_checkpoint(run) -> None:
             run.events.emit("checkpoint", step=step, path=str(path.relative_to(run.run_dir)))
         except CheckpointWriteError as exc:
             previous = latest_checkpoint(run.run_dir)
-            kept = f"the previous checkpoint {previous.name} is intact" if previous else "no earlier checkpoint exists"
+            kept = f"the previous checkpoint {previous.path.name} is intact" if previous else "no earlier checkpoint exists"
             run.events.emit("warning", step=step, message=f"{exc}; {kept}. Free some disk space.")
     run.accelerator.wait_for_everyone()
 
@@ -89,8 +91,16 @@ def load_run_checkpoint(run, folder) -> None:
     """Restore weights, optimizer, schedule, scaler and position. Weights are loaded before DDP wraps the
     modules, so this runs in two parts: `load_weights` first, then this."""
     state = torch.load(folder / "training_state.pt", map_location="cpu", weights_only=False)
+    configured = list(run.scheduler.base_lrs)  # from this launch's config: a resume may change train.lr
     run.optimizer.load_state_dict(state["optimizer"])
     run.scheduler.load_state_dict(state["scheduler"])
+    run.scheduler.base_lrs = configured
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # get_lr() outside step() warns; here it is what we want
+        current = run.scheduler.get_lr()
+    for group, base, lr in zip(run.optimizer.param_groups, configured, current):
+        group["initial_lr"], group["lr"] = base, lr
+    run.scheduler._last_lr = list(current)
     run.amp.load_state_dict(state["amp"])
     if run.ema is not None and state.get("ema"):
         run.ema.load_state_dict(state["ema"])

@@ -26,13 +26,10 @@ PLAN_FILE = "plan.json"
 LOG_FILE = "train.log"
 PID_FILE = "launcher.pid"
 LOGS_DIR = "logs"
-CHECKPOINTS_DIR = "checkpoints"
-COMPLETE_MARKER = "COMPLETE"
 
 DEMO_DIR = ".demo"  # under the runs folder: the demo model and data are built there once and shared by runs
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-_CHECKPOINT = re.compile(r"^step-(\d+)$")
 
 
 def check_run_name(name: str) -> None:
@@ -120,35 +117,6 @@ def _set(config: Config, key: str, value) -> None:
     for part in head:
         obj = getattr(obj, part)
     setattr(obj, last, value)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Checkpoints
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    step: int
-    path: Path
-
-
-def complete_checkpoints(run_dir: str | Path) -> list[Checkpoint]:
-    """Complete checkpoints, oldest first. A folder without the COMPLETE marker was cut off mid-write (or is a
-    `.tmp*` folder still being written): resuming from it is how other trainers resumed from corrupt state."""
-    root = Path(run_dir) / CHECKPOINTS_DIR
-    if not root.is_dir():
-        return []
-    found = []
-    for child in root.iterdir():
-        match = _CHECKPOINT.match(child.name)
-        if match and child.is_dir() and (child / COMPLETE_MARKER).is_file():
-            found.append(Checkpoint(int(match.group(1)), child))
-    return sorted(found, key=lambda c: c.step)
-
-
-def latest_checkpoint(run_dir: str | Path) -> Checkpoint | None:
-    found = complete_checkpoints(run_dir)
-    return found[-1] if found else None
 
 
 # ----------------------------------------------------------------------------------------------------------------

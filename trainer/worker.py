@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
 
             ckpt = latest_checkpoint(run_dir)
             events.emit("stopped", step=run.state.step, reason=run.stop.reason(),
-                        checkpoint=str(ckpt.relative_to(run_dir)) if ckpt else None)
+                        checkpoint=str(ckpt.path.relative_to(run_dir)) if ckpt else None)
             return 0
         outputs = []
         if run.accelerator.is_main_process:

@@ -71,7 +71,8 @@ class StableDiffusionFamily:
         if cfg.train.gradient_checkpointing:
             self.unet.enable_gradient_checkpointing()
             if self.train_text_encoder:
-                self.text_encoder.gradient_checkpointing_enable()
+                enable = getattr(self.text_encoder, "activation_checkpointing_enable", None)
+                (enable or self.text_encoder.gradient_checkpointing_enable)()
         self.unet.train()
         self.text_encoder.train(self.train_text_encoder)
         self.vae.eval()
@@ -122,6 +123,7 @@ class StableDiffusionFamily:
         if cfg.prior.enabled:
             self.class_images = ensure_class_images(self, ctx)
         self.tokens = {}
+        self.latents = self.class_latents = None
         self.use_cache = cfg.data.cache_latents and cfg.data.center_crop
         if cfg.data.cache_latents and not cfg.data.center_crop:
             ctx.log_warning("data.cache_latents is off because data.center_crop is false (random crops)")
@@ -164,7 +166,7 @@ class StableDiffusionFamily:
         """(mean, std) of the VAE latent distribution of one training sample, with its augmentation."""
         cfg = self.cfg
         items = self.images if kind == "instance" else self.class_images
-        cached = self.latents if kind == "instance" else getattr(self, "class_latents", None)
+        cached = self.latents if kind == "instance" else self.class_latents
         if self.use_cache and cached is not None:
             mirrored = cfg.data.flip and sample_rng(cfg.seed, epoch, expanded_index).random() < 0.5
             suffix = "_flip" if mirrored else ""

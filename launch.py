@@ -1,0 +1,235 @@
+#!/usr/bin/env python
+"""imagetune's command line.
+
+    python launch.py                                   the web UI on 127.0.0.1:7860
+    python launch.py --preset PRESET [KEY=VALUE ...]   train headless with a progress bar
+    python launch.py --preset PRESET --dry-run         print the resolved config and the plan; create nothing
+    python launch.py --resume RUN_DIR [KEY=VALUE ...]  continue a run from its newest checkpoint
+
+Exit status: 0 when the run is done or was stopped, 1 when it failed, 2 for a mistake in the command line or
+the preset (reported as one paragraph, no traceback), 130 when interrupted before the run started.
+This file only parses arguments and shows progress; the work is in trainer.launcher.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+
+from trainer.errors import UserError
+
+REPO_ROOT = Path(__file__).resolve().parent
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="launch.py", description="Fine-tune image models. Without --preset or --resume, starts the web UI."
+    )
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="preset overrides, e.g. train.steps=500")
+    p.add_argument("--preset", help="a preset YAML file, or the name of one in presets/")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue this run from its newest complete checkpoint")
+    p.add_argument("--dry-run", action="store_true", help="print the resolved config and the plan, then stop")
+    p.add_argument("--runs-dir", default="runs", help="where run folders are created (default: runs/)")
+    ui = p.add_argument_group("web UI")
+    ui.add_argument("--host", default="127.0.0.1")
+    ui.add_argument("--port", type=int, default=7860)
+    ui.add_argument("--auth", metavar="USER:PASSWORD", help="require this login")
+    ui.add_argument("--share", action="store_true", help="also serve through a public Gradio link")
+    ui.add_argument("--insecure", action="store_true", help="allow a non-local host or --share without --auth")
+    p.add_argument("--worker-module", default="trainer.worker", help=argparse.SUPPRESS)  # tests' fake worker
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        if args.preset and args.resume:
+            raise UserError("Use either --preset (start a new run) or --resume RUN_DIR (continue one), not both.")
+        if args.dry_run and not args.preset:
+            raise UserError("--dry-run needs --preset: it shows what a preset would do without creating anything.")
+        if args.preset:
+            return run_headless(args)
+        if args.resume:
+            return resume_headless(args)
+        if args.overrides:
+            raise UserError(f"KEY=VALUE overrides ({' '.join(args.overrides)}) need --preset or --resume.")
+        return start_ui(args)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def find_preset(name: str) -> str:
+    """A path as given, else `presets/<name>[.yaml]` of this checkout (so `--preset demo` works)."""
+    if Path(name).exists():
+        return name
+    for candidate in (REPO_ROOT / "presets" / name, REPO_ROOT / "presets" / f"{name}.yaml"):
+        if candidate.is_file():
+            return str(candidate)
+    return name  # read_preset explains that it does not exist
+
+
+def run_headless(args) -> int:
+    from trainer.config import load_config, to_yaml
+    from trainer.launcher import plan_for, prepare_run, start_run
+
+    config = load_config(find_preset(args.preset), args.overrides)
+    if args.dry_run:
+        plan = plan_for(config)
+        print(to_yaml(config), end="")
+        print_plan(plan)
+        return 0
+    run_dir, plan = prepare_run(config, args.runs_dir)
+    print_plan(plan)
+    print(f"run folder: {run_dir}", flush=True)
+    proc = start_run(run_dir, plan, config, worker_module=args.worker_module)
+    return follow(proc, start_step=0, offset=0)
+
+
+def resume_headless(args) -> int:
+    from trainer.events import EVENTS_FILE
+    from trainer.launcher import resume_run
+
+    events = Path(args.resume) / EVENTS_FILE
+    offset = events.stat().st_size if events.exists() else 0  # show only what this launch adds
+    proc = resume_run(args.resume, args.overrides, worker_module=args.worker_module)
+    print_plan(proc.plan)
+    changed = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in proc.changes.items())
+    print(f"resuming {proc.run_dir} at step {proc.resumed_from.step}" + (f" ({changed})" if changed else ""))
+    return follow(proc, start_step=proc.resumed_from.step, offset=offset)
+
+
+def print_plan(plan) -> None:
+    print(f"plan: {plan.line()}")
+    for note in plan.notes:
+        print(f"note: {note}")
+    sys.stdout.flush()
+
+
+def _duration(seconds) -> str:
+    if seconds is None:
+        return "?"
+    seconds = int(seconds)
+    h, rest = divmod(seconds, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
+
+
+def follow(proc, start_step: int, offset: int) -> int:
+    """Show the run's events until its final one; Ctrl-C/SIGTERM asks for a graceful stop, twice kills."""
+    from tqdm import tqdm
+
+    from trainer.events import EventFollower
+
+    signals: list[int] = []  # the handler only records: printing from a signal handler can re-enter print()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, _frame: signals.append(signum))
+    follower = EventFollower(proc.run_dir)
+    follower.offset = offset
+    bar = tqdm(total=proc.plan.steps, initial=start_step, unit="step", dynamic_ncols=True,
+               bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt}{postfix}")
+    handled, final = 0, None
+    try:
+        while True:
+            if len(signals) > handled:
+                handled = len(signals)
+                if handled == 1:
+                    proc.request_stop()
+                    bar.write("stopping: saving a checkpoint at the end of this step (Ctrl-C again to kill the run)")
+                else:
+                    bar.write("killing the run (no checkpoint)")
+                    proc.kill(grace_s=5)
+            for event in follower.poll():
+                final = show(event, bar, proc) or final
+            if proc.poll() is not None:
+                proc.wait()  # writes `failed` if the workers died without a final event
+                for event in follower.poll():
+                    final = show(event, bar, proc) or final
+                break
+            time.sleep(0.2)
+    finally:
+        bar.close()
+    if final is None:
+        from trainer.events import final_event, read_events
+
+        final = final_event(read_events(proc.run_dir)) or {"type": "failed", "reason": "no final event was written"}
+    return report(final, proc)
+
+
+def show(event: dict, bar, proc) -> dict | None:
+    kind = event.get("type")
+    if kind == "progress":
+        bar.total = event.get("steps", bar.total)
+        bar.update(event["step"] - bar.n)
+        rate = event.get("samples_per_s")
+        parts = [f"loss {event['loss']:.4f}" if event.get("loss") is not None else None,
+                 f"lr {event['lr']:.2e}" if event.get("lr") is not None else None,
+                 f"{rate / proc.plan.total:.2f} it/s" if rate else None,
+                 f"ETA {_duration(event.get('eta_s'))}"]
+        bar.set_postfix_str(" · ".join(p for p in parts if p))
+    elif kind == "warning":
+        bar.write(f"warning: {event.get('message')}")
+    elif kind == "sample":
+        bar.write(f"sample (step {event.get('step')}): {proc.run_dir / event.get('path', '')}")
+    elif kind == "checkpoint":
+        bar.write(f"checkpoint (step {event.get('step')}): {proc.run_dir / event.get('path', '')}")
+    elif kind == "eval":
+        metrics = ", ".join(f"{k} {v:.4g}" for k, v in event.items() if isinstance(v, float) and k != "time")
+        bar.write(f"eval (step {event.get('step')}): {metrics}")
+    elif kind in ("done", "stopped", "failed"):
+        return event
+    return None
+
+
+def report(final: dict, proc) -> int:
+    kind = final["type"]
+    if kind == "done":
+        outputs = final.get("outputs") or []
+        print("done." + (" outputs:\n  " + "\n  ".join(map(str, outputs)) if outputs else ""))
+        if final.get("message"):
+            print(final["message"])
+        return 0
+    if kind == "stopped":
+        print(f"stopped at step {final.get('step', '?')}. Continue with: python launch.py --resume {proc.run_dir}")
+        return 0
+    print(f"failed: {final.get('reason', 'no reason given')}", file=sys.stderr)
+    return 1
+
+
+def start_ui(args) -> int:
+    auth = None
+    if args.auth:
+        user, sep, password = args.auth.partition(":")
+        if not (sep and user and password):
+            raise UserError("--auth must look like user:password (both non-empty).")
+        auth = (user, password)
+    exposed = args.share or args.host not in LOCAL_HOSTS
+    if exposed and not auth and not args.insecure:
+        raise UserError(
+            f"Serving on {'a public share link' if args.share else args.host} without a login lets anyone who can "
+            "reach it start jobs and read files on this machine. Add --auth user:password, or --insecure if the "
+            "network is trusted."
+        )
+    try:
+        import app.main as ui
+    except ModuleNotFoundError as exc:
+        if exc.name in ("app", "app.main"):
+            raise UserError(
+                "The web UI (the app/ package) is not part of this installation. Train headless instead: "
+                "python launch.py --preset presets/<name>.yaml (see --help)."
+            ) from None
+        if exc.name == "gradio":
+            raise UserError("The web UI needs gradio: pip install 'imagetune[ui]', then run launch.py again.") from None
+        raise
+    return ui.main(host=args.host, port=args.port, auth=auth, share=args.share, insecure=args.insecure,
+                   runs_dir=args.runs_dir) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,388 @@
+"""The launcher and launch.py: run folders, torchrun commands, stop/kill/failure paths, resume, multi-node.
+
+Live tests run tests/fake_worker.py under real torchrun (real processes, real gloo); the real worker is tested
+elsewhere. Each launch costs a few seconds of torch imports, so the live tests chain what they can.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from trainer.config import load_config
+from trainer.errors import ConfigError, UserError
+from trainer.events import read_events
+from trainer.hardware import Hardware
+from trainer.launcher import build_command, build_env, prepare_run, start_run
+from trainer.proctree import kill_tree
+from trainer.resume import prepare_resume
+from trainer.plan import Plan
+from trainer.checkpoint import latest_checkpoint
+from trainer.runfolder import create_run_dir, parse_root_cause
+
+REPO = Path(__file__).resolve().parents[1]
+CPU2 = Hardware(cpu_count=2)
+FAKE = "tests.fake_worker"
+
+
+@pytest.fixture
+def paths(tmp_path):
+    from PIL import Image
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "data").mkdir()
+    Image.new("RGB", (64, 64), "red").save(tmp_path / "data" / "red.png")  # one usable image passes the check
+    (tmp_path / "data" / "red.txt").write_text("a red square")
+    return tmp_path
+
+
+def make_config(tmp: Path, overrides=(), **raw):
+    preset = {"name": "t", "devices": "cpu:2", "model": {"path": str(tmp / "model")},
+              "data": {"path": str(tmp / "data")}}
+    preset.update(raw)
+    return load_config(preset, list(overrides))
+
+
+@pytest.fixture
+def procs():
+    """RunProcesses started by a test; whatever is still running at the end is killed."""
+    started = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            kill_tree(proc.pid, grace_s=2, process=proc.process)
+
+
+def types(run_dir) -> list[str]:
+    return [e["type"] for e in read_events(run_dir)]
+
+
+def wait_for_event(run_dir, kind, timeout=60.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for event in read_events(run_dir):
+            if event["type"] == kind:
+                return event
+        time.sleep(0.05)
+    raise AssertionError(f"no {kind} event in {run_dir} after {timeout}s: {types(run_dir)}")
+
+
+def launch(*args, cwd, **kwargs):
+    return subprocess.run([sys.executable, str(REPO / "launch.py"), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=120, **kwargs)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Run folders
+
+
+def test_run_name_is_never_overwritten(paths):
+    config = make_config(paths)
+    first, _ = prepare_run(config, paths / "runs", CPU2)
+    before = {p.name: p.read_bytes() for p in first.iterdir()}
+    second, _ = prepare_run(config, paths / "runs", CPU2)
+    assert (first.name, second.name) == ("t", "t-2")
+    assert {p.name: p.read_bytes() for p in first.iterdir()} == before
+
+
+def test_racing_launches_get_different_folders(tmp_path):
+    got, barrier = [], threading.Barrier(8)
+
+    def claim():
+        barrier.wait()
+        got.append(create_run_dir(tmp_path, "same"))
+
+    threads = [threading.Thread(target=claim) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(got)) == 8
+
+
+def test_prepare_writes_resolved_config_plan_and_plan_event_first(paths, monkeypatch):
+    monkeypatch.chdir(paths)
+    config = make_config(paths, model={"path": "model"}, data={"path": "data"})  # relative to the cwd
+    run_dir, plan = prepare_run(config, "runs", CPU2)
+    events = read_events(run_dir)
+    assert [e["type"] for e in events] == ["plan"]
+    assert events[0]["world_size"] == 2 and events[0]["line"] == plan.line()
+    assert Plan.from_event(json.loads((run_dir / "plan.json").read_text())) == plan
+    saved = load_config(run_dir / "config.yaml")
+    assert saved.model.path == str(paths / "model") and saved.data.path == str(paths / "data")
+
+
+def test_demo_paths_are_resolved_under_the_runs_folder(paths, monkeypatch):
+    calls = []
+
+    def fake_assets(root):
+        calls.append(Path(root))
+        return {"tiny-sd": paths / "model", "demo-data": paths / "data"}
+
+    monkeypatch.setattr("trainer.demo.ensure_demo_assets", fake_assets)
+    config = make_config(paths, model={"path": "demo://tiny-sd"}, data={"path": "demo://demo-data"})
+    run_dir, _ = prepare_run(config, paths / "runs", CPU2)
+    saved = load_config(run_dir / "config.yaml")
+    assert calls == [(paths / "runs" / ".demo").resolve()]
+    assert (saved.model.path, saved.data.path) == (str(paths / "model"), str(paths / "data"))
+
+
+def test_bad_plan_or_name_creates_nothing(paths):
+    with pytest.raises(ConfigError, match="GPUs"):
+        prepare_run(make_config(paths, devices=2), paths / "runs", CPU2)
+    with pytest.raises(UserError, match="folder name"):
+        prepare_run(make_config(paths, name="../escape"), paths / "runs", CPU2)
+    assert not (paths / "runs").exists()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Command and environment
+
+
+def test_command_single_and_multi_node(paths):
+    config = make_config(paths, devices="cpu:2")
+    plan = Plan("cpu", (), 1, 2, 1, 2, 4, "fp32", "sdpa", 10)
+    cmd = build_command(paths / "r", plan, config, resume=paths / "r/checkpoints/step-000010")
+    assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"] and "--standalone" in cmd
+    assert cmd[cmd.index("--nproc-per-node") + 1] == "2"
+    assert cmd[-5:-1] == ["--module", "trainer.worker", str(paths / "r"), "--resume"]
+    assert cmd[-1] == str(paths / "r/checkpoints/step-000010")
+    multi = make_config(paths, distributed={"nodes": 2, "node_rank": 1, "master_addr": "10.0.0.1", "master_port": 1234})
+    cmd = build_command(paths / "r", Plan("cpu", (), 2, 2, 1, 1, 4, "fp32", "sdpa", 10), multi)
+    flags = dict(zip(cmd, cmd[1:]))
+    assert flags["--rdzv-backend"] == "static" and flags["--node-rank"] == "1" and flags["--nnodes"] == "2"
+    assert (flags["--master-addr"], flags["--master-port"]) == ("10.0.0.1", "1234")
+
+
+def test_environment():
+    cpu = Plan("cpu", (), 1, 2, 1, 2, 4, "fp32", "sdpa", 10)
+    env = build_env(cpu, {"PATH": "/bin"})
+    assert env["CUDA_VISIBLE_DEVICES"] == "" and env["PYTHONUNBUFFERED"] == "1"
+    assert int(env["OMP_NUM_THREADS"]) >= 1 and env["PYTHONPATH"].startswith(str(REPO))
+    assert build_env(cpu, {"OMP_NUM_THREADS": "7"})["OMP_NUM_THREADS"] == "7"
+    gpu = Plan("cuda", (1, 2), 1, 2, 1, 2, 4, "bf16", "sdpa", 10)
+    assert build_env(gpu, {})["CUDA_VISIBLE_DEVICES"] == "1,2"
+    # ids count the GPUs this process sees: translate through an existing CUDA_VISIBLE_DEVICES
+    assert build_env(gpu, {"CUDA_VISIBLE_DEVICES": "4,5,6"})["CUDA_VISIBLE_DEVICES"] == "5,6"
+
+
+def test_parse_torchrun_root_cause():
+    text = """Failures:\n[1]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : -15 (pid: 1)\n----\n
+Root Cause (first observed failure):\n[0]:\n  time      : x\n  host      : h\n  rank      : 3 (local_rank: 1)
+  exitcode  : -9 (pid: 2)  (SIGKILL)\n======"""
+    cause = parse_root_cause(text)
+    assert (cause.rank, cause.local_rank, cause.exitcode) == (3, 1, -9)
+    assert parse_root_cause("no summary here") is None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Resume (no processes)
+
+
+def stopped_run(paths, steps=100):
+    run_dir, _ = prepare_run(make_config(paths, train={"steps": steps}), paths / "runs", CPU2)
+    ckpts = run_dir / "checkpoints"
+    for name, complete in [("step-000010", True), ("step-000030", True), ("step-000040", False),
+                           (".tmp-step-000050", True), ("step-oops", True)]:
+        (ckpts / name).mkdir(parents=True)
+        if complete:
+            (ckpts / name / "COMPLETE").touch()
+    (run_dir / "launcher.pid").write_text("999999999\n")  # a launcher long gone
+    return run_dir
+
+
+def test_resume_picks_the_newest_complete_checkpoint(paths):
+    run_dir = stopped_run(paths)
+    assert latest_checkpoint(run_dir).step == 30
+    r = prepare_resume(run_dir, ["train.steps=200", "train.lr=5e-5"], CPU2)
+    assert r.checkpoint.path == run_dir / "checkpoints" / "step-000030"
+    assert r.changes == {"train.steps": [100, 200], "train.lr": [1e-4, 5e-5]} and r.plan.steps == 200
+
+
+def test_resume_rejects_what_would_break_the_state(paths):
+    run_dir = stopped_run(paths)
+    for override, key in [("lora.rank=4", "lora.rank"), ("method=full", "method"), ("batch.total=8", "batch.total"),
+                          ("seed=3", "seed"), (f"model.path={paths}", "model.path")]:
+        with pytest.raises(UserError, match=f"Cannot change {key}"):
+            prepare_resume(run_dir, [override], CPU2)
+    with pytest.raises(UserError, match="nothing is left to train"):
+        prepare_resume(run_dir, ["train.steps=30"], CPU2)
+    with pytest.raises(UserError, match="split"):
+        prepare_resume(run_dir, ["devices=cpu:3"], Hardware(cpu_count=3))  # batch 4 over 3 processes
+    (run_dir / "launcher.pid").write_text(f"{os.getpid()}\n")
+    with pytest.raises(UserError, match="still running"):
+        prepare_resume(run_dir, [], CPU2)
+    for c in (run_dir / "checkpoints").glob("step-0000[13]0"):
+        (c / "COMPLETE").unlink()
+    (run_dir / "launcher.pid").unlink()
+    with pytest.raises(UserError, match="no complete checkpoint"):
+        prepare_resume(run_dir, [], CPU2)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The command line
+
+
+def write_preset(paths, **raw) -> Path:
+    config = {"name": "cli", "devices": "cpu:2", "model": {"path": str(paths / "model")},
+              "data": {"path": str(paths / "data")}, **raw}
+    path = paths / "preset.yaml"
+    path.write_text(json.dumps(config))  # JSON is YAML
+    return path
+
+
+def test_dry_run_creates_nothing(paths):
+    preset = write_preset(paths)
+    before = sorted(p for p in paths.rglob("*"))
+    result = launch("--preset", str(preset), "--dry-run", "train.lr=3e-4", cwd=paths)
+    assert result.returncode == 0, result.stderr
+    assert "lr: 0.0003" in result.stdout and "plan: 2 processes x" in result.stdout
+    assert sorted(p for p in paths.rglob("*")) == before
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--preset", "missing.yaml"], "does not exist"),
+    (["--preset", "PRESET", "trian.lr=1"], "did you mean 'train.lr'"),
+    (["--preset", "PRESET", "devices=cpu:4", "batch.total=2"], "batch.total"),
+    (["--preset", "PRESET", "notakeyvalue"], "KEY=VALUE"),
+    (["--resume", "nowhere"], "not a run folder"),
+    (["--host", "0.0.0.0"], "--auth"),
+])
+def test_user_mistakes_exit_2_without_traceback(paths, args, words):
+    preset = write_preset(paths)
+    result = launch(*[str(preset) if a == "PRESET" else a for a in args], cwd=paths)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert words in result.stderr and "Traceback" not in result.stderr + result.stdout
+    assert result.stderr.startswith("error: ")
+
+
+def test_web_ui_missing_is_a_clear_message(monkeypatch, capsys):
+    import launch as cli
+
+    monkeypatch.setitem(sys.modules, "app", None)
+    monkeypatch.setitem(sys.modules, "app.main", None)
+    assert cli.main([]) == 2
+    assert "web UI" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_headless_ctrl_c_stops_then_resume_reports_a_killed_rank(paths):
+    """One scenario, three paths: Ctrl-C -> STOP -> `stopped`; --resume from that checkpoint; a rank SIGKILLed
+    after the resume -> exactly one `failed` (after the `resumed`) naming rank 1 with its last log lines."""
+    preset = write_preset(paths, train={"steps": 100000}, checkpoint={"every": 1000})
+    proc = subprocess.Popen([sys.executable, str(REPO / "launch.py"), "--preset", str(preset), "--runs-dir", "runs",
+                             "--worker-module", FAKE], cwd=paths, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    run_dir = paths / "runs" / "cli"
+    try:
+        wait_for_event(run_dir, "progress")
+    finally:
+        proc.send_signal(signal.SIGINT)  # Ctrl-C: the STOP file, a checkpoint, then `stopped`
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "plan: 2 processes" in out and "stopped at step" in out and "launch.py --resume" in out
+    events = read_events(run_dir)
+    assert events[0]["type"] == "plan" and events[-1]["type"] == "stopped"
+    stop_step = events[-1]["step"]
+    assert (run_dir / "STOP").exists() and (run_dir / events[-1]["checkpoint"] / "COMPLETE").exists()
+    ranks = [json.loads(p.read_text()) for p in sorted((run_dir / "fake_ranks").glob("*.json"))]
+    assert [r["rank"] for r in ranks] == [0, 1] and len({r["pid"] for r in ranks}) == 2  # two real processes
+
+    crash = {**os.environ, "FAKE_WORKER_CRASH": f"1:{stop_step + 3}:kill"}
+    result = launch("--resume", str(run_dir), "train.lr=5e-5", "--worker-module", FAKE, cwd=paths, env=crash)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"at step {stop_step}" in result.stdout and "failed: Rank 1" in result.stderr
+    assert not (run_dir / "STOP").exists()
+    events = read_events(run_dir)
+    after = events[[e["type"] for e in events].index("resumed"):]
+    assert after[0]["step"] == stop_step and after[0]["changes"] == {"train.lr": [1e-4, 5e-5]}
+    assert [e["step"] for e in after if e["type"] == "progress"][0] == stop_step + 1
+    final = after[-1]
+    assert [e["type"] for e in after].count("failed") == 1 and final["type"] == "failed"
+    assert final["rank"] == 1 and final["exitcode"] == -signal.SIGKILL and "SIGKILL" in final["reason"]
+    assert f"crashing on purpose at step {stop_step + 3}" in final["reason"]  # the rank's own last log lines
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Live launcher
+
+
+@pytest.mark.slow
+def test_two_nodes_on_localhost(paths, procs):
+    port = free_port()
+    run_dirs = {}
+    for node_rank in (1, 0):  # node 1 first: rank order must not depend on who joins first
+        distributed = {"nodes": 2, "node_rank": node_rank, "master_port": port}
+        config = make_config(paths, train={"steps": 10}, distributed=distributed)
+        run_dir, plan = prepare_run(config, paths / f"node{node_rank}", CPU2)
+        assert plan.world_size == 4
+        run_dirs[node_rank] = run_dir
+        procs.append(start_run(run_dir, plan, config, worker_module=FAKE))
+    finals = [p.wait(timeout=120) for p in procs]
+    assert [f["type"] for f in finals] == ["done", "done"], [read_events(d)[-1] for d in run_dirs.values()]
+    for node_rank, run_dir in run_dirs.items():
+        seen = [json.loads(p.read_text()) for p in sorted((run_dir / "fake_ranks").glob("*.json"))]
+        assert [s["rank"] for s in seen] == [2 * node_rank, 2 * node_rank + 1]
+        assert {s["world_size"] for s in seen} == {4} and {s["node_rank"] for s in seen} == {node_rank}
+    assert types(run_dirs[0]).count("progress") == 10 and types(run_dirs[0])[-1] == "done"
+    assert types(run_dirs[1]) == ["plan", "done"]  # rank 0's events go to node 0 only
+
+
+@pytest.mark.slow
+def test_kill_ends_the_whole_group_with_one_failed_event(paths, procs, monkeypatch):
+    # Slow steps, so that the workers cannot finish a graceful stop on SIGTERM within the grace period (with
+    # fast steps they do, and the run ends `stopped`: kill() is SIGTERM first, SIGKILL only for what is left).
+    monkeypatch.setenv("FAKE_WORKER_STEP_S", "5")
+    config = make_config(paths, train={"steps": 100000})
+    run_dir, plan = prepare_run(config, paths / "runs", CPU2)
+    procs.append(start_run(run_dir, plan, config, worker_module=FAKE))
+    deadline = time.monotonic() + 60
+    while len(list((run_dir / "fake_ranks").glob("*.json"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    procs[-1].kill(grace_s=1)
+    final = procs[-1].wait(timeout=30)
+    assert final["type"] == "failed" and "killed on request" in final["reason"]
+    # torchrun puts each worker in its own session: they must die too, not live on and write `stopped` later
+    workers = [json.loads(p.read_text())["pid"] for p in (run_dir / "fake_ranks").glob("*.json")]
+    assert len(workers) == 2 and not any(running(pid) for pid in workers)
+    time.sleep(0.5)
+    assert types(run_dir) == ["plan", "failed"]
+
+
+def running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_a_dataset_without_usable_images_is_refused_before_anything_starts(tmp_path, demo_assets):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("no images here")
+    runs = tmp_path / "runs"
+    result = subprocess.run(
+        [sys.executable, str(REPO / "launch.py"), "--preset", str(REPO / "presets" / "demo.yaml"),
+         "--runs-dir", str(runs), f"model.path={demo_assets['tiny-sd']}", f"data.path={empty}", "devices=cpu:1"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert str(empty) in result.stderr and "data.path" in result.stderr
+    assert not (runs / "demo").exists()
