@@ -68,5 +68,20 @@ def probe() -> Hardware:
     )
 
 
+def probe_in_subprocess(timeout_s: float = 180) -> Hardware:
+    """`probe()` in a child process, so the caller (the web UI, launch.py) never imports torch or touches CUDA."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    repo = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, "-m", "trainer.hardware"], capture_output=True, text=True,
+                            timeout=timeout_s, env=env)
+    if result.returncode != 0:
+        raise RuntimeError(f"probing the GPUs failed: {result.stderr.strip()[-500:]}")
+    return Hardware.from_json(result.stdout.strip().splitlines()[-1])
+
+
 if __name__ == "__main__":
     sys.stdout.write(probe().to_json() + "\n")

@@ -51,9 +51,9 @@ def _probe(hw: Hardware | None, config: Config) -> Hardware:
             return Hardware(cpu_count=os.cpu_count() or 1)
     except ValueError:
         pass  # make_plan reports it
-    from trainer.hardware import probe  # imports torch
+    from trainer.hardware import probe_in_subprocess  # torch stays out of this process (the UI's too)
 
-    return probe()
+    return probe_in_subprocess()
 
 
 def plan_for(config: Config, hw: Hardware | None = None) -> Plan:

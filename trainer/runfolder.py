@@ -13,6 +13,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,15 +84,27 @@ def request_stop(run_dir: str | Path) -> Path:
     return path
 
 
+def demo_assets(root: Path) -> dict[str, Path]:
+    """Build (once) and locate the offline demo's model and data. Building needs torch and diffusers, so it
+    runs in a child process: the launcher, and the web UI that calls it, stay free of torch."""
+    code = ("import json, sys; from trainer.demo import ensure_demo_assets; "
+            "print(json.dumps({k: str(v) for k, v in ensure_demo_assets(sys.argv[1]).items()}))")
+    repo = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True, env=env)
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise UserError(f"Could not build the offline demo assets in {root}: {last}")
+    return {name: Path(path) for name, path in json.loads(result.stdout.strip().splitlines()[-1]).items()}
+
+
 def resolve_paths(config: Config, runs_dir: str | Path) -> Config:
     """A copy of `config` with `demo://NAME` built and resolved, and local paths made absolute, so that the
     run folder's config.yaml still means the same thing from another working directory (or on resume)."""
     config = copy.deepcopy(config)
     demo_keys = [k for k in ("model.path", "data.path") if _get(config, k).startswith(DEMO_SCHEME)]
     if demo_keys:
-        from trainer.demo import ensure_demo_assets  # imports torch/diffusers to build the tiny model
-
-        assets = ensure_demo_assets(Path(runs_dir).expanduser().resolve() / DEMO_DIR)
+        assets = demo_assets(Path(runs_dir).expanduser().resolve() / DEMO_DIR)
         for key in demo_keys:
             name = _get(config, key)[len(DEMO_SCHEME):]
             if name not in assets:
