@@ -58,7 +58,7 @@ class RunFailed(Exception):
 
 def fit(run: Run) -> str:
     """Train from run.state.step to the plan's steps; returns "done" or "stopped" (raises RunFailed)."""
-    from trainer.run_io import draw_samples, save_run_checkpoint
+    from trainer.run_io import draw_samples, evaluate, save_run_checkpoint
 
     cfg, plan, acc = run.config, run.plan, run.accelerator
     draw_samples(run)  # at the start (or the resumed step): what the model does before this session trains
@@ -100,12 +100,15 @@ def fit(run: Run) -> str:
         last = run.state.step == plan.steps
         if cfg.sample.every and run.state.step % cfg.sample.every == 0 and not last:
             draw_samples(run)
+        if cfg.eval.every and run.state.step % cfg.eval.every == 0 and not last:
+            evaluate(run)
         if stop_requested:
             save_run_checkpoint(run)
             return "stopped"
         if cfg.checkpoint.every and run.state.step % cfg.checkpoint.every == 0 and not last:
             save_run_checkpoint(run)
     draw_samples(run)
+    evaluate(run)
     save_run_checkpoint(run)  # lets `--resume` with more steps extend a finished run
     return "done"
 

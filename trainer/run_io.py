@@ -18,23 +18,30 @@ SAMPLES = "samples"
 
 
 def draw_samples(run) -> None:
-    cfg = run.config.sample
-    if not cfg.prompts:
-        return
     step = run.state.step
     run.phase = f"rank 0 drawing samples at step {step}"
     if run.accelerator.is_main_process:
         folder = run.run_dir / SAMPLES
         folder.mkdir(exist_ok=True)
-        seeds = [cfg.seed + i for i in range(len(cfg.prompts))]
-        images = run.family.sample(list(cfg.prompts), seeds, size=cfg.size, steps=cfg.steps,
-                                   guidance_scale=cfg.guidance_scale, negative_prompt=cfg.negative_prompt)
-        for i, (prompt, image) in enumerate(zip(cfg.prompts, images)):
+        for i, (prompt, image) in enumerate(run.family.render_samples(step)):
             name = f"step-{step:06d}-p{i:02d}.png"
             tmp = folder / f".{name}"
             image.save(tmp, format="PNG")
             tmp.rename(folder / name)  # the UI never shows a half-written PNG
             run.events.emit("sample", step=step, prompt=prompt, index=i, path=f"{SAMPLES}/{name}")
+    run.accelerator.wait_for_everyone()
+
+
+def evaluate(run) -> None:
+    """The family's metrics (if it has any) as an `eval` event. Every rank takes part: metrics such as mAP
+    are gathered across processes by the family."""
+    hook = getattr(run.family, "evaluate", None)
+    if hook is None:
+        return
+    run.phase = f"evaluating at step {run.state.step}"
+    metrics = hook(run.state.step)
+    if metrics:
+        run.events.emit("eval", step=run.state.step, **metrics)
     run.accelerator.wait_for_everyone()
 
 

@@ -143,6 +143,11 @@ class SampleConfig:
 
 
 @dataclass
+class EvalConfig:
+    every: int = key(0, "Evaluate every N optimizer steps, for families with metrics (detection: mAP); 0: only at the end.")
+
+
+@dataclass
 class CheckpointConfig:
     every: int = key(500, "Save a checkpoint every N optimizer steps (0: only when stopping).")
     keep: int = key(2, "How many checkpoints to keep (the oldest are deleted).")
@@ -185,6 +190,7 @@ class Config:
     batch: BatchConfig = field(default_factory=BatchConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
 

@@ -110,6 +110,7 @@ def validate(config: Config, *, check_paths: bool = True) -> list[str]:
     _positive(p, "sample.every", config.sample.every, allow_zero=True)
     _positive(p, "sample.steps", config.sample.steps)
     _positive(p, "checkpoint.every", config.checkpoint.every, allow_zero=True)
+    _positive(p, "eval.every", config.eval.every, allow_zero=True)
     _positive(p, "checkpoint.keep", config.checkpoint.keep)
     if not all(isinstance(x, str) and x.strip() for x in config.sample.prompts):
         p.append("sample.prompts: must be a list of non-empty strings")

@@ -60,8 +60,13 @@ class Family(Protocol):
         Every random draw for a sample (augmentation, noise, timestep) is seeded from its position, so the
         result does not depend on how the global batch is split across processes and micro-steps."""
 
-    def sample(self, prompts: list[str], seeds: list[int]) -> list[Image.Image]:
-        """Render prompts with the current weights in fp32 (rank 0 only)."""
+    def render_samples(self, step: int) -> list[tuple[str, Image.Image]]:
+        """(caption, image) pairs showing what the model does now, drawn with fixed seeds/inputs so that
+        samples of different steps compare (rank 0 only, outside autocast unless the frozen weights are low
+        precision). For diffusion: the preset's sample prompts; for detection: predictions on fixed images."""
+
+    # Optional: `evaluate(step) -> dict | None`, called on every rank every `eval.every` steps and at the end;
+    # the dict becomes an `eval` event (rank 0's). Families without metrics simply do not define it.
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
         """Trainable weights for a checkpoint (fp32, unwrapped names)."""

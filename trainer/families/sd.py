@@ -223,6 +223,15 @@ class StableDiffusionFamily:
                                        unet=unwrap(self.unet), scheduler=scheduler, safety_checker=None,
                                        feature_extractor=None, requires_safety_checker=False)
 
+    def render_samples(self, step: int):
+        cfg = self.cfg.sample
+        if not cfg.prompts:
+            return []
+        seeds = [cfg.seed + i for i in range(len(cfg.prompts))]
+        images = self.sample(list(cfg.prompts), seeds, size=cfg.size, steps=cfg.steps,
+                             guidance_scale=cfg.guidance_scale, negative_prompt=cfg.negative_prompt)
+        return list(zip(cfg.prompts, images))
+
     @torch.no_grad()
     def sample(self, prompts: list[str], seeds: list[int], *, size: int | None = None, steps: int = 25,
                guidance_scale: float = 7.5, negative_prompt: str = ""):
