@@ -162,3 +162,27 @@ def test_unusable_files_are_skipped_with_warnings_naming_them(runs, tiny_sd_path
     assert final["type"] == "done", log_of(run_dir)
     warnings = " ".join(e["message"] for e in read_events(run_dir) if e["type"] == "warning")
     assert "broken.png" in warnings and "uncaptioned.png" in warnings and "small.png: 40x40" in warnings
+
+
+def test_two_nodes_on_loopback_match_one_process(reference, runs, tiny_sd_path, demo_data_path):
+    """Two torchrun "nodes" (1 process each) on 127.0.0.1: the multi-node path trains the same weights."""
+    import socket
+
+    from trainer.launcher import prepare_run, start_run
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = {}
+    for node_rank in (1, 0):
+        config = engine_config(tiny_sd_path, demo_data_path, "devices=cpu:1", "batch.per_device=1", "name=nodes",
+                               "distributed.nodes=2", f"distributed.node_rank={node_rank}",
+                               f"distributed.master_port={port}")
+        run_dir, plan = prepare_run(config, runs / f"node{node_rank}", hw=CPU_ONLY)
+        assert (plan.world_size, plan.accumulation) == (2, 2)
+        started[node_rank] = (run_dir, start_run(run_dir, plan, config))
+    finals = {rank: proc.wait(timeout=400) for rank, (_, proc) in started.items()}
+    node0 = started[0][0]
+    assert finals[0]["type"] == "done", log_of(node0)
+    assert finals[1]["type"] == "done", log_of(started[1][0])
+    assert_same_weights(final_weights(reference), final_weights(node0))

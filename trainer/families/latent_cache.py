@@ -1,9 +1,11 @@
 """Encode every training image with the VAE once, in parallel across ranks, one writer per file.
 
 Images are split into fixed chunks by index (not by rank), each chunk encoded as one batch, so the cached
-values do not depend on the number of processes. Rank r encodes chunks r, r+W, ...; each chunk is written
-atomically (temp file + rename); everyone waits at a barrier and then reads all chunks. A finished cache is
-reused by later runs with the same images, model and resolution.
+values do not depend on the number of processes. Rank r encodes the chunks c with c % world == r that are
+not already cached, and sends them to every other rank through the process group: on several machines each
+node has its own disk, so a file written by a rank on another node is never assumed to be visible. Each
+process writes the chunks it received into its own cache folder atomically (temp file + rename; identical
+contents if two ranks of one node race), so later runs with the same images, model and resolution reuse them.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 CHUNK = 8
@@ -28,6 +31,24 @@ def cache_key(parts: dict, files: list[str]) -> str:
     return h.hexdigest()[:20]
 
 
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _cached_everywhere(paths: list[Path], device) -> list[bool]:
+    """Which chunks every process already has on its own disk (a shared cache or an earlier run)."""
+    have = torch.tensor([p.exists() for p in paths], dtype=torch.int32, device=device)
+    if _distributed() and len(paths):
+        dist.all_reduce(have, op=dist.ReduceOp.MIN)
+    return [bool(h) for h in have.tolist()]
+
+
+def _write(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    save_file(tensors, str(tmp))
+    os.replace(tmp, path)
+
+
 def build_latent_cache(
     folder: Path,
     count: int,
@@ -36,21 +57,31 @@ def build_latent_cache(
     rank: int,
     world_size: int,
     barrier: Callable[[], None],
+    device="cpu",
 ) -> dict[str, torch.Tensor]:
     """`encode(indices)` returns a dict of (len(indices), ...) tensors; the result stacks all `count` rows."""
     folder.mkdir(parents=True, exist_ok=True)
-    chunks = range((count + CHUNK - 1) // CHUNK)
-    for chunk in chunks:
-        if chunk % world_size != rank:
+    paths = [folder / f"chunk-{c:06d}.safetensors" for c in range((count + CHUNK - 1) // CHUNK)]
+    everywhere = _cached_everywhere(paths, device)
+    parts: list[dict[str, torch.Tensor]] = []
+    for chunk, path in enumerate(paths):
+        if everywhere[chunk]:
+            parts.append(load_file(str(path)))
             continue
-        target = folder / f"chunk-{chunk:06d}.safetensors"
-        if target.exists():
-            continue
-        indices = list(range(chunk * CHUNK, min(count, (chunk + 1) * CHUNK)))
-        tensors = {k: v.detach().float().cpu().contiguous() for k, v in encode(indices).items()}
-        tmp = target.with_suffix(f".tmp{os.getpid()}")
-        save_file(tensors, str(tmp))
-        os.replace(tmp, target)
+        owner = chunk % world_size
+        tensors = None
+        if rank == owner:
+            if path.exists():
+                tensors = load_file(str(path))
+            else:
+                indices = list(range(chunk * CHUNK, min(count, (chunk + 1) * CHUNK)))
+                tensors = {k: v.detach().float().cpu().contiguous() for k, v in encode(indices).items()}
+        if _distributed():
+            box = [tensors]
+            dist.broadcast_object_list(box, src=owner)
+            tensors = box[0]
+        if not path.exists():
+            _write(path, tensors)
+        parts.append(tensors)
     barrier()
-    parts = [load_file(str(folder / f"chunk-{chunk:06d}.safetensors")) for chunk in chunks]
     return {key: torch.cat([p[key] for p in parts]) for key in parts[0]}

@@ -31,5 +31,13 @@ def ensure_class_images(family, ctx) -> list:
             tmp.rename(name)
         ctx.accelerator.wait_for_everyone()
         have = scan_dataset(folder, instance_prompt=prior.class_prompt).items
+        if len(have) < prior.num_class_images:
+            from trainer.errors import UserError
+
+            raise UserError(
+                f"prior.class_path: {folder} holds {len(have)} of the {prior.num_class_images} class images after "
+                "generating them; on several machines each node generates its share into its own disk. Put "
+                "prior.class_path on storage every node shares, or generate the class images with a one-node run "
+                "first (they are reused).")
     # Class images are captioned with the class prompt whatever their .txt says: that is what the prior means.
     return have[: prior.num_class_images]

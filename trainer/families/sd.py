@@ -38,44 +38,9 @@ class StableDiffusionFamily:
         for module in (self.unet, self.vae, self.text_encoder):
             module.requires_grad_(False)
 
-        base_dtype = frozen_dtype(self.ctx.plan.precision, cfg.method)
-        # The VAE stays fp32 under fp16: SD VAEs overflow to NaN latents in fp16 (black samples).
-        self.vae.to(device, dtype=torch.float32 if self.ctx.plan.precision == "fp16" else base_dtype)
-        self.unet.to(device, dtype=base_dtype)
-        self.text_encoder.to(device, dtype=base_dtype)
-        if self.ctx.plan.attention == "xformers":
-            self.unet.enable_xformers_memory_efficient_attention()
-
         self.train_text_encoder = cfg.lora.train_text_encoder if cfg.method == "lora" else cfg.full.train_text_encoder
-        torch.manual_seed(cfg.seed)  # identical adapter init on every rank and every world size
-        if cfg.method == "lora":
-            from peft import LoraConfig
-
-            def adapter(targets):
-                return LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-                                  init_lora_weights="gaussian", target_modules=list(targets))
-
-            self.unet.add_adapter(adapter(cfg.lora.unet_targets))
-            if self.train_text_encoder:
-                from peft import inject_adapter_in_model
-
-                # transformers' own add_adapter refuses peft < 0.22; injecting directly works with every peft
-                inject_adapter_in_model(adapter(cfg.lora.text_encoder_targets), self.text_encoder)
-        else:
-            self.unet.requires_grad_(True)
-            self.text_encoder.requires_grad_(self.train_text_encoder)
-        for module in self.trainable_modules():
-            for p in module.parameters():
-                if p.requires_grad:
-                    p.data = p.data.float()  # trained weights stay fp32 whatever the precision
-        if cfg.train.gradient_checkpointing:
-            self.unet.enable_gradient_checkpointing()
-            if self.train_text_encoder:
-                enable = getattr(self.text_encoder, "activation_checkpointing_enable", None)
-                (enable or self.text_encoder.gradient_checkpointing_enable)()
-        self.unet.train()
-        self.text_encoder.train(self.train_text_encoder)
-        self.vae.eval()
+        setup_models(cfg, self.ctx.plan, device, unet=self.unet, vae=self.vae, text_encoders=[self.text_encoder],
+                     train_text_encoder=self.train_text_encoder)
 
     def trainable_modules(self) -> list[torch.nn.Module]:
         return [self.unet, self.text_encoder] if self.train_text_encoder else [self.unet]
@@ -149,7 +114,8 @@ class StableDiffusionFamily:
             return out
 
         return build_latent_cache(ctx.cache_dir / "latents" / key, len(items), encode, rank=ctx.rank,
-                                  world_size=ctx.world_size, barrier=ctx.accelerator.wait_for_everyone)
+                                  world_size=ctx.world_size, barrier=ctx.accelerator.wait_for_everyone,
+                                  device=ctx.device)
 
     def _pixels(self, path: str, mirrored: bool) -> torch.Tensor:
         pixels = load_image_tensor(path, self.cfg.data.resolution, crop="center")
@@ -191,7 +157,7 @@ class StableDiffusionFamily:
 
     def _diffusion_loss(self, rows, *, stream: int) -> torch.Tensor:
         cfg, device = self.cfg, self.ctx.device
-        latents, noises, timesteps, ids = [], [], [], []
+        latents, noises, timesteps, captions = [], [], [], []
         factor = self.vae.config.scaling_factor
         for position, epoch, image_index, expanded_index, kind in rows:
             mean, std = self._latent_dist(image_index, epoch, expanded_index, kind)
@@ -201,19 +167,24 @@ class StableDiffusionFamily:
             latents.append((mean + std * d.latent_eps) * factor)
             noises.append(d.noise)
             timesteps.append(d.timestep)
-            caption = self.images[image_index].caption if kind == "instance" else cfg.prior.class_prompt
-            ids.append(self._token_ids(caption))
+            captions.append(self.images[image_index].caption if kind == "instance" else cfg.prior.class_prompt)
         latents, noise = torch.stack(latents).to(device), torch.stack(noises).to(device)
         t = torch.tensor(timesteps, device=device, dtype=torch.long)
         noisy = self.noise_scheduler.add_noise(latents, noise, t)
-        unet = self.prepared[0]
-        text_encoder = self.prepared[1] if self.train_text_encoder else self.text_encoder
-        with torch.set_grad_enabled(self.train_text_encoder):
-            hidden = text_encoder(torch.stack(ids).to(device), return_dict=False)[0]
-        pred = unet(noisy.to(self.unet.dtype), t, hidden, return_dict=False)[0]
+        pred = self._predict(noisy, t, captions, rows)
         target = diffusion.target_for(self.noise_scheduler, latents, noise, t, self.prediction_type)
         return diffusion.per_sample_loss(pred, target, scheduler=self.noise_scheduler, timesteps=t,
                                          prediction_type=self.prediction_type, min_snr_gamma=cfg.train.min_snr_gamma)
+
+    def _predict(self, noisy, t, captions: list[str], rows) -> torch.Tensor:
+        """The UNet's prediction for a noisy batch (SDXL overrides this with its own conditioning)."""
+        device = self.ctx.device
+        unet = self.prepared[0]
+        text_encoder = self.prepared[1] if self.train_text_encoder else self.text_encoder
+        ids = torch.stack([self._token_ids(c) for c in captions]).to(device)
+        with torch.set_grad_enabled(self.train_text_encoder):
+            hidden = text_encoder(ids, return_dict=False)[0]
+        return unet(noisy.to(self.unet.dtype), t, hidden, return_dict=False)[0]
 
     # ---- samples and outputs ------------------------------------------------------------------------------
     def pipeline(self) -> StableDiffusionPipeline:
@@ -256,3 +227,53 @@ class StableDiffusionFamily:
         from trainer.families.sd_outputs import save_sd_outputs
 
         return save_sd_outputs(self, out_dir, step=step)
+
+
+def setup_models(cfg, plan, device, *, unet, vae, text_encoders, train_text_encoder: bool, te_lora_kwargs=None) -> None:
+    """Shared by the UNet families (SD 1.x/2.x, SDXL): move and cast the models, add LoRA layers (or unfreeze for a
+    full fine-tune), keep trained weights fp32, gradient checkpointing, train/eval modes. `te_lora_kwargs[i]`:
+    extra peft LoraConfig arguments for text encoder i (e.g. which layers)."""
+    base_dtype = frozen_dtype(plan.precision, cfg.method)
+    # The VAE stays fp32 under fp16: SD VAEs (SDXL's above all) overflow to NaN latents in fp16 (black samples).
+    vae.to(device, dtype=torch.float32 if plan.precision == "fp16" else base_dtype)
+    unet.to(device, dtype=base_dtype)
+    for text_encoder in text_encoders:
+        text_encoder.to(device, dtype=base_dtype)
+    if plan.attention == "xformers":
+        unet.enable_xformers_memory_efficient_attention()
+
+    torch.manual_seed(cfg.seed)  # identical adapter init on every rank and every world size
+    if cfg.method == "lora":
+        from peft import LoraConfig
+
+        def adapter(targets, **extra):
+            return LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+                              init_lora_weights="gaussian", target_modules=list(targets), **extra)
+
+        unet.add_adapter(adapter(cfg.lora.unet_targets))
+        if train_text_encoder:
+            from peft import inject_adapter_in_model
+
+            # transformers' own add_adapter refuses peft < 0.22; injecting directly works with every peft
+            for i, text_encoder in enumerate(text_encoders):
+                extra = (te_lora_kwargs or {}).get(i, {})
+                inject_adapter_in_model(adapter(cfg.lora.text_encoder_targets, **extra), text_encoder)
+    else:
+        unet.requires_grad_(True)
+        for text_encoder in text_encoders:
+            text_encoder.requires_grad_(train_text_encoder)
+    trained = [unet] + (list(text_encoders) if train_text_encoder else [])
+    for module in trained:
+        for p in module.parameters():
+            if p.requires_grad:
+                p.data = p.data.float()  # trained weights stay fp32 whatever the precision
+    if cfg.train.gradient_checkpointing:
+        unet.enable_gradient_checkpointing()
+        if train_text_encoder:
+            for text_encoder in text_encoders:
+                enable = getattr(text_encoder, "activation_checkpointing_enable", None)
+                (enable or text_encoder.gradient_checkpointing_enable)()
+    unet.train()
+    for text_encoder in text_encoders:
+        text_encoder.train(train_text_encoder)
+    vae.eval()
