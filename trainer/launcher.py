@@ -66,14 +66,13 @@ def plan_for(config: Config, hw: Hardware | None = None) -> Plan:
 
 
 def check_data(config: Config) -> None:
-    """Scan the dataset before any process starts: a folder with no usable image is the user's mistake to
-    report now (exit 2, nothing created), not a failed run a minute later. Per-file warnings (corrupt files,
-    missing captions, small images) come from the workers as `warning` events."""
-    from trainer.data.scan import require_usable, scan_dataset
+    """Scan the dataset before any process starts: a dataset that cannot train is the user's mistake to
+    report now (exit 2, nothing created), not a failed run a minute later. Each family has its own torch-free
+    check (trainer.families.data_check: captioned images, detection annotations...). Per-file warnings (corrupt
+    files, missing captions, bad boxes) come from the workers as `warning` events."""
+    from trainer.families import data_check
 
-    data = config.data
-    require_usable(scan_dataset(data.path, instance_prompt=data.instance_prompt,
-                                caption_extension=data.caption_extension, resolution=data.resolution))
+    data_check(config.model.family)(config)
 
 
 def prepare_run(config: Config, runs_dir: str | Path, hw: Hardware | None = None) -> tuple[Path, Plan]:

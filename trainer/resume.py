@@ -29,6 +29,10 @@ FROZEN_ON_RESUME = (
     "name", "model.family", "model.path", "model.config", "model.revision", "model.variant", "method", "seed",
     "batch.total", "data.path", "lora.rank", "lora.unet_targets", "lora.train_text_encoder",
     "lora.text_encoder_targets", "full.train_text_encoder", "full.ema", "train.optimizer", "prior.enabled",
+    # detection: the starting weights decide frozen BatchNorm and frozen stages (the optimizer's parameters);
+    # the validation split decides which images train
+    "detection.weights", "detection.trainable_backbone_layers", "detection.val_path", "detection.val_fraction",
+    "detection.images",
 )
 
 

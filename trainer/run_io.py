@@ -6,43 +6,114 @@ ahead, and so that a sample or a checkpoint never races a second writer.
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import warnings
 
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
-from trainer.checkpoint import CheckpointWriteError, latest_checkpoint, save_checkpoint
+from trainer.checkpoint import COMPLETE, CHECKPOINTS, CheckpointWriteError, latest_checkpoint, save_checkpoint
 
 SAMPLES = "samples"
+BEST = "best"  # checkpoints/best/: the weights of the best evaluation so far (never pruned, never resumed from)
+
+
+def _write_samples(run, step: int, indexed) -> None:
+    """(index, caption, image) -> samples/step-NNNNNN-pKK.png and a `sample` event each (rank 0)."""
+    folder = run.run_dir / SAMPLES
+    folder.mkdir(exist_ok=True)
+    for i, prompt, image in indexed:
+        name = f"step-{step:06d}-p{i:02d}.png"
+        tmp = folder / f".{name}"
+        image.save(tmp, format="PNG")
+        tmp.rename(folder / name)  # the UI never shows a half-written PNG
+        run.events.emit("sample", step=step, prompt=prompt, index=i, path=f"{SAMPLES}/{name}")
 
 
 def draw_samples(run) -> None:
     step = run.state.step
     run.phase = f"rank 0 drawing samples at step {step}"
     if run.accelerator.is_main_process:
-        folder = run.run_dir / SAMPLES
-        folder.mkdir(exist_ok=True)
-        for i, (prompt, image) in enumerate(run.family.render_samples(step)):
-            name = f"step-{step:06d}-p{i:02d}.png"
-            tmp = folder / f".{name}"
-            image.save(tmp, format="PNG")
-            tmp.rename(folder / name)  # the UI never shows a half-written PNG
-            run.events.emit("sample", step=step, prompt=prompt, index=i, path=f"{SAMPLES}/{name}")
+        samples = run.family.render_samples(step)
+        _write_samples(run, step, ((i, prompt, image) for i, (prompt, image) in enumerate(samples)))
     run.accelerator.wait_for_everyone()
 
 
 def evaluate(run) -> None:
     """The family's metrics (if it has any) as an `eval` event. Every rank takes part: metrics such as mAP
-    are gathered across processes by the family."""
+    are gathered across processes by the family. A family with a `best_metric` (e.g. detection's `map`) gets
+    checkpoints/best/ kept by it; one with `eval_samples(step)` -> [(index, caption, image)] gets them written
+    as samples (detection: the precision-recall curve)."""
     hook = getattr(run.family, "evaluate", None)
     if hook is None:
         return
-    run.phase = f"evaluating at step {run.state.step}"
-    metrics = hook(run.state.step)
+    step = run.state.step
+    run.phase = f"evaluating at step {step}"
+    metrics = hook(step)
     if metrics:
-        run.events.emit("eval", step=run.state.step, **metrics)
+        run.events.emit("eval", step=step, **metrics)
+    if run.accelerator.is_main_process:
+        extra = getattr(run.family, "eval_samples", None)
+        if extra is not None:
+            _write_samples(run, step, extra(step))
+        if metrics:
+            keep_best(run, metrics)
     run.accelerator.wait_for_everyone()
+
+
+def _metadata(run, step: int) -> dict | None:
+    """safetensors metadata of the family's weights files (detection: classes and model config), if any."""
+    hook = getattr(run.family, "checkpoint_metadata", None)
+    return hook(step) if hook is not None else None
+
+
+def read_best(run_dir) -> dict | None:
+    """{"step", "metric", "value"} of checkpoints/best/, or None when there is none (complete)."""
+    try:
+        return json.loads((run_dir / CHECKPOINTS / BEST / COMPLETE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def keep_best(run, metrics: dict) -> None:
+    """Rank 0: when the family's `best_metric` beats checkpoints/best/, replace it (written in a temp folder,
+    then swapped in by renames, so a reader sees the old or the new one, never half of one); a `best` event."""
+    name = getattr(run.family, "best_metric", None)
+    value = metrics.get(name) if name else None
+    if value is None:
+        return
+    step = run.state.step
+    previous = read_best(run.run_dir)
+    if previous is not None and previous.get("metric") == name and previous.get("value", -1) >= value:
+        return
+    root = run.run_dir / CHECKPOINTS
+    root.mkdir(parents=True, exist_ok=True)
+    tmp, old, final = root / f".tmp-{BEST}-{os.getpid()}", root / f".old-{BEST}-{os.getpid()}", root / BEST
+    metadata = _metadata(run, step)
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        save_file(run.family.trainable_state(), str(tmp / "trainable.safetensors"), metadata=metadata)
+        (tmp / COMPLETE).write_text(json.dumps({"step": step, "metric": name, "value": value}))
+        for file in tmp.iterdir():
+            with open(file, "rb") as f:
+                os.fsync(f.fileno())
+        if final.exists():
+            os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old.exists() and not final.exists():
+            os.rename(old, final)
+        run.events.emit("warning", step=step, message=f"could not write checkpoints/{BEST} ({exc.strerror or exc}); "
+                                                      "the previous best is kept. Free some disk space.")
+        return
+    run.events.emit("best", step=step, metric=name, value=value, path=f"{CHECKPOINTS}/{BEST}",
+                    previous=previous.get("value") if previous else None)
 
 
 def _fingerprint(run) -> torch.Tensor:
@@ -80,7 +151,8 @@ def save_run_checkpoint(run) -> None:
             "ema": run.ema.state_dict() if run.ema is not None else None,
         }
         writers = {
-            "trainable.safetensors": lambda p: save_file(run.family.trainable_state(), str(p)),
+            "trainable.safetensors": lambda p: save_file(run.family.trainable_state(), str(p),
+                                                         metadata=_metadata(run, step)),
             "training_state.pt": lambda p: torch.save(state, p),
         }
         try:

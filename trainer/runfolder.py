@@ -84,14 +84,29 @@ def request_stop(run_dir: str | Path) -> Path:
     return path
 
 
-def demo_assets(root: Path) -> dict[str, Path]:
-    """Build (once) and locate the offline demo's model and data. Building needs torch and diffusers, so it
-    runs in a child process: the launcher, and the web UI that calls it, stay free of torch."""
-    code = ("import json, sys; from trainer.demo import ensure_demo_assets; "
-            "print(json.dumps({k: str(v) for k, v in ensure_demo_assets(sys.argv[1]).items()}))")
+# `demo://NAME` -> the "module:function" that builds it (once) under a root folder and returns {name: path}.
+DEMO_BUILDERS = {
+    "tiny-sd": "trainer.demo:ensure_demo_assets",
+    "demo-data": "trainer.demo:ensure_demo_assets",
+    "shapes-coco": "trainer.detection_demo:ensure_detection_demo",
+}
+_BUILD_DEMO = """import importlib, json, sys
+found = {}
+for spec in sys.argv[2:]:
+    module, function = spec.split(":")
+    found.update(getattr(importlib.import_module(module), function)(sys.argv[1]))
+print(json.dumps({k: str(v) for k, v in found.items()}))"""
+
+
+def demo_assets(root: Path, names=None) -> dict[str, Path]:
+    """Build (once) and locate the offline demo assets `names` (default: all). Building may need torch and
+    diffusers, so it runs in a child process: the launcher, and the web UI that calls it, stay free of torch."""
+    wanted = DEMO_BUILDERS if names is None else [n for n in names if n in DEMO_BUILDERS]
+    builders = sorted({DEMO_BUILDERS[n] for n in wanted})
     repo = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
-    result = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True, env=env)
+    result = subprocess.run([sys.executable, "-c", _BUILD_DEMO, str(root), *builders], capture_output=True,
+                            text=True, env=env)
     if result.returncode != 0:
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]
         raise UserError(f"Could not build the offline demo assets in {root}: {last}")
@@ -104,14 +119,19 @@ def resolve_paths(config: Config, runs_dir: str | Path) -> Config:
     config = copy.deepcopy(config)
     demo_keys = [k for k in ("model.path", "data.path") if _get(config, k).startswith(DEMO_SCHEME)]
     if demo_keys:
-        assets = demo_assets(Path(runs_dir).expanduser().resolve() / DEMO_DIR)
-        for key in demo_keys:
-            name = _get(config, key)[len(DEMO_SCHEME):]
-            if name not in assets:
-                known = ", ".join(f"demo://{a}" for a in assets)
+        names = [_get(config, key)[len(DEMO_SCHEME):] for key in demo_keys]
+        for key, name in zip(demo_keys, names):
+            if name not in DEMO_BUILDERS:
+                known = ", ".join(f"demo://{a}" for a in DEMO_BUILDERS)
                 raise UserError(f"{key}: unknown demo asset '{name}'; the demo has {known}.")
+        assets = demo_assets(Path(runs_dir).expanduser().resolve() / DEMO_DIR, names)
+        for key, name in zip(demo_keys, names):
             _set(config, key, str(assets[name]))
-    for key in ("model.path", "model.config", "data.path", "prior.class_path"):
+    keys = ["model.path", "model.config", "data.path", "prior.class_path"]
+    if config.model.family == "detection":  # model.path names an architecture; the weights may be a local file
+        keys = ["data.path", "detection.images", "detection.val_path"]
+        keys += [] if config.detection.weights in ("coco", "none") else ["detection.weights"]
+    for key in keys:
         value = _get(config, key)
         if value and not value.startswith(DEMO_SCHEME) and not is_hub_id(value):
             _set(config, key, str(Path(value).expanduser().resolve()))

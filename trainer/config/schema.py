@@ -21,13 +21,25 @@ def key(default: Any, help: str, *, choices: tuple[str, ...] | None = None, grou
     return field(default=default, metadata=meta)
 
 
+# torchvision detectors of `model.family: detection` (`fcos_tiny`: a 4-conv backbone for the offline demo)
+DETECTION_ARCHITECTURES = (
+    "fasterrcnn_resnet50_fpn_v2", "fasterrcnn_mobilenet_v3_large_fpn", "retinanet_resnet50_fpn_v2",
+    "fcos_resnet50_fpn", "ssdlite320_mobilenet_v3_large", "fcos_tiny",
+)
+
+
 @dataclass
 class ModelConfig:
-    family: str = key("sd", "Model family: `sd` (Stable Diffusion 1.x / 2.x).")
+    family: str = key(
+        "sd", "Model family: `sd` (Stable Diffusion 1.x / 2.x), `sdxl` (SDXL base and fine-tunes), "
+        "`sd3` (SD3 / 3.5), `flux` (FLUX.1 dev / schnell), `detection` (torchvision object detectors; see "
+        "`detection.*`).")
     path: str = key(
         "",
         "The base model: a local diffusers folder, a single-file `.safetensors`/`.ckpt` checkpoint, a hub id "
-        "(`stable-diffusion-v1-5/stable-diffusion-v1-5`, needs network), or `demo://tiny-sd` for the offline demo.",
+        "(`stable-diffusion-v1-5/stable-diffusion-v1-5`, needs network), or `demo://tiny-sd` for the offline demo. "
+        "Detection: the torchvision architecture, one of " + ", ".join(f"`{a}`" for a in DETECTION_ARCHITECTURES)
+        + " (starting weights: `detection.weights`).",
     )
     config: Optional[str] = key(
         None,
@@ -67,6 +79,36 @@ class FullConfig:
 
 
 @dataclass
+class FlowConfig:
+    """Flow-matching families (SD3/3.5, FLUX.1): timestep sampling, shift, guidance, which layers get LoRA."""
+
+    timestep_sampling: str = key(
+        "logit_normal", "How training timesteps are drawn: `logit_normal` (sigmoid of a normal; SD3/FLUX) or `uniform`.",
+        choices=("logit_normal", "uniform"),
+    )
+    logit_mean: float = key(0.0, "Mean of the normal under `logit_normal` sampling (negative: less noisy timesteps).")
+    logit_std: float = key(1.0, "Standard deviation of the normal under `logit_normal` sampling.")
+    shift: Optional[float] = key(
+        None, "Timestep shift s (sigma = s*u / (1 + (s-1)*u)); unset: the model's own (SD3: 3.0 from its scheduler; "
+        "FLUX dev: resolution-dependent, e^1.15 at 1024 px; FLUX schnell: 1).",
+    )
+    weighting: str = key("none", "Loss weighting per timestep: `none`, `sigma_sqrt` or `cosmap`.",
+                         choices=("none", "sigma_sqrt", "cosmap"))
+    guidance: float = key(1.0, "FLUX dev: the guidance value fed to the guidance embedding while training (1 is usual).")
+    max_sequence_length: Optional[int] = key(
+        None, "T5 tokens per caption; unset: the model's default (FLUX dev 512, schnell 256, SD3 256).")
+    lora_targets: list[str] = key(
+        [], "Layer names inside each transformer block that get LoRA (e.g. `attn.to_q`, `ff.net.2`, `proj_mlp`); "
+        "empty: every attention projection and MLP of the family.",
+    )
+    lora_blocks: str = key(
+        "all", "FLUX: which blocks get LoRA: `all`, `double` (the 19 two-stream blocks) or `single` (the 38 "
+        "single-stream blocks). SD3: ignored (all its blocks are joint blocks).",
+        choices=("all", "double", "single"),
+    )
+
+
+@dataclass
 class PriorConfig:
     enabled: bool = key(False, "DreamBooth prior preservation: also train on class images with the class prompt.")
     class_path: str = key("", "Folder of class images; missing ones are generated with the base model.")
@@ -81,14 +123,23 @@ class DataConfig:
     path: str = key(
         "",
         "Training images: a folder of images with same-name `.txt` captions, kohya `N_prompt` sub-folders "
-        "(N repeats), or a `metadata.jsonl`. `demo://demo-data` is the offline demo set.",
+        "(N repeats), or a `metadata.jsonl`. `demo://demo-data` is the offline demo set. Detection: a COCO "
+        "`.json` file, a YOLO `data.yaml`, or a folder holding `data.yaml` or `train.json` (+ `val.json`); "
+        "`demo://shapes-coco` is the offline detection demo set.",
     )
     instance_prompt: Optional[str] = key(None, "Caption for images that have none (e.g. `a photo of sks dog`).")
     caption_extension: str = key(".txt", "Extension of caption files next to the images.")
-    resolution: int = key(512, "Training resolution in pixels (square); a multiple of 8.")
+    resolution: int = key(512, "Training resolution in pixels (square); a multiple of 8. Detection: the longest "
+                               "image side (images keep their aspect ratio; SSDlite uses a square of this size).")
     center_crop: bool = key(True, "Center-crop to the resolution; false crops at random (disables latent caching).")
     flip: bool = key(False, "Randomly flip images horizontally (latents of both sides are cached).")
     cache_latents: bool = key(True, "Encode each image with the VAE once, not every step, when augmentation allows.")
+    cache_text_embeddings: Optional[bool] = key(
+        None,
+        "Encode each caption with the text encoders once (cached on disk), then move the frozen encoders off the "
+        "GPU; ignored while a text encoder is trained. Unset: the family's default (on for SDXL). SD 1.x/2.x "
+        "always encodes captions per step.",
+    )
 
 
 @dataclass
@@ -96,7 +147,11 @@ class BatchConfig:
     total: int = key(
         4,
         "Effective batch per optimizer step, on any number of devices. "
-        "accumulation = total / (per_device x processes).",
+        "accumulation = total / (per_device x processes). Detection: Faster R-CNN's losses accumulate exactly "
+        "(equal-size images, frozen BatchNorm), so accumulation trains like one big batch; FCOS and RetinaNet "
+        "normalise each micro-batch by its own foreground count (close to, not exactly, a big batch); trainable "
+        "BatchNorm (random-init backbones, SSDlite, the v2 Faster R-CNN box head) never accumulates: its "
+        "statistics come from each micro-batch of per_device images.",
     )
     per_device: Union[int, str] = key(
         1, "Micro-batch on each process, or `auto` for the largest that fits on the GPU (1 on CPU)."
@@ -140,6 +195,53 @@ class SampleConfig:
     steps: int = key(25, "Inference steps per sample.")
     guidance_scale: float = key(7.5, "Classifier-free guidance scale.")
     size: Optional[int] = key(None, "Sample size in pixels; defaults to `data.resolution`.")
+
+
+@dataclass
+class DetectionConfig:
+    """Object detection (`model.family: detection`, `method: full`): torchvision detectors, COCO/YOLO data, mAP."""
+
+    weights: str = key(
+        "coco",
+        "Starting weights: `coco` (torchvision's COCO-pretrained DEFAULT weights, downloaded once: needs network), "
+        "`none` (random initialisation), or a local file (a torchvision state dict `.pth`, or a `.safetensors` "
+        "written by this trainer). The classification head is replaced for the dataset's classes; pretrained "
+        "backbones get frozen BatchNorm.",
+    )
+    trainable_backbone_layers: Optional[int] = key(
+        None,
+        "With pretrained weights, how many backbone stages train, counted from the top (0: frozen backbone; ResNet "
+        "0-5, MobileNet 0-6). Unset: torchvision's default (3; SSDlite all). Random init trains everything.",
+    )
+    sync_batchnorm: bool = key(
+        False, "Share trainable BatchNorm statistics across GPUs (SyncBatchNorm): CUDA only; helps small per-device "
+        "batches with random-init backbones.",
+    )
+    images: str = key(
+        "", "COCO: the folder the JSON's `file_name`s are relative to. Empty: found next to the JSON file (itself, "
+        "`images/`, or `../train2017` for `instances_train2017.json`).",
+    )
+    val_path: str = key(
+        "", "COCO validation annotations (`.json`). Empty: YOLO's `val`, a `val.json` next to `train.json`, else "
+        "`detection.val_fraction` of the training images.",
+    )
+    val_fraction: float = key(
+        0.1, "Share of the training images kept for validation when none is given (chosen with `seed`).")
+    augment: list[str] = key(
+        [], "Augmentations besides `data.flip` (torchvision transforms v2; boxes follow): `color` (photometric "
+        "distortion), `zoom_out` (SSD zoom-out), `iou_crop` (SSD random IoU crop).",
+    )
+    score_threshold: float = key(0.3, "Boxes scoring at least this are drawn in samples and returned by `predict`.")
+    max_detections: int = key(
+        100, "Most boxes per image at evaluation and inference (COCO counts 100); also keeps the evaluation of "
+        "random-init detectors (thousands of low-score boxes) fast.",
+    )
+    eval_images: int = key(0, "Evaluate on at most this many validation images (0: all of them).")
+    sample_images: int = key(
+        4, "Validation images drawn with their true (left) and predicted (right) boxes per sample step.")
+    best_metric: str = key(
+        "map", "Metric that keeps `checkpoints/best/`: `map` (COCO mAP@[.5:.95]) or `map50`.", choices=("map", "map50")
+    )
 
 
 @dataclass
@@ -187,10 +289,12 @@ class Config:
     lora: LoraConfig = field(default_factory=LoraConfig)
     full: FullConfig = field(default_factory=FullConfig)
     prior: PriorConfig = field(default_factory=PriorConfig)
+    flow: FlowConfig = field(default_factory=FlowConfig)
     batch: BatchConfig = field(default_factory=BatchConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    detection: DetectionConfig = field(default_factory=DetectionConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
 

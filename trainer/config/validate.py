@@ -95,7 +95,12 @@ def validate(config: Config, *, check_paths: bool = True) -> list[str]:
     else:
         _positive(p, "batch.per_device", b.per_device)
     res = config.data.resolution
-    if res < 8 or res % 8:
+    detection = config.model.family == "detection"
+    if detection:  # a detector's model.path is an architecture and data.path annotations: its own checks
+        from trainer.config.validate_detection import detection_problems
+
+        p += detection_problems(config, check_paths=check_paths)
+    elif res < 8 or res % 8:
         p.append(f"data.resolution: must be a multiple of 8 (the VAE downsamples by 8), got {res}")
     lora = config.lora
     if config.method == "lora":
@@ -133,7 +138,7 @@ def validate(config: Config, *, check_paths: bool = True) -> list[str]:
             p.append("prior.class_path: prior preservation needs a folder for class images (it may be empty)")
         _positive(p, "prior.num_class_images", prior.num_class_images)
         _positive(p, "prior.loss_weight", prior.loss_weight)
-    if check_paths:
+    if check_paths and not detection:
         problem = _model_path_problem("model.path", config.model.path)
         if problem:
             p.append(problem)

@@ -7,11 +7,38 @@ import importlib
 
 FAMILIES: dict[str, str] = {
     "sd": "trainer.families.sd:StableDiffusionFamily",
+    "sdxl": "trainer.families.sdxl:StableDiffusionXLFamily",
+    "sd3": "trainer.families.sd3:SD3Family",
+    "flux": "trainer.families.flux:FluxFamily",
+    "detection": "trainer.families.detection:DetectionFamily",
+}
+
+# The launcher's data check of each family, run before any process starts: torch-free, raises UserError when
+# the dataset cannot train at all. Families not listed take the captioned-images check.
+DATA_CHECKS: dict[str, str] = {
+    "detection": "trainer.data.detection_data:check_detection_data",
 }
 
 
 def family_names() -> tuple[str, ...]:
     return tuple(FAMILIES)
+
+
+def check_captioned_images(config) -> None:
+    """The diffusion families' check: a folder of images with captions (trainer.data.scan)."""
+    from trainer.data.scan import require_usable, scan_dataset
+
+    data = config.data
+    require_usable(scan_dataset(data.path, instance_prompt=data.instance_prompt,
+                                caption_extension=data.caption_extension, resolution=data.resolution))
+
+
+def data_check(name: str):
+    """The torch-free data check of family `name`: a callable(config) raising UserError."""
+    if name not in DATA_CHECKS:
+        return check_captioned_images
+    module_name, function_name = DATA_CHECKS[name].split(":")
+    return getattr(importlib.import_module(module_name), function_name)
 
 
 def get_family(name: str):

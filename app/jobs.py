@@ -1,0 +1,171 @@
+"""Starting, stopping, resuming and deleting runs from the UI, through trainer.launcher (never torch here).
+
+Runs are torchrun process groups of their own: they outlive the UI. A run this UI started is waited for by a
+daemon thread (RunProcess.wait() writes the `failed` event if the workers die without a final event); a run
+started elsewhere is stopped through its STOP file and killed through its launcher.pid.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from app.runs import read_run
+from trainer.config import Config
+from trainer.config.validate import parse_devices
+from trainer.errors import UserError
+from trainer.hardware import Hardware, probe_in_subprocess
+from trainer.runfolder import DEMO_DIR, demo_assets, request_stop
+
+log = logging.getLogger("imagetune.app")
+DEFAULT_DEMO = ("tiny-sd", "demo-data")  # what presets/demo.yaml uses: built when the UI starts
+
+
+class HardwareCache:
+    """The GPUs of this machine, probed once per UI start in a child process (torch stays out of the UI)."""
+
+    def __init__(self, probe: Callable[[], Hardware] = probe_in_subprocess, hw: Hardware | None = None):
+        self._future: Future = Future()
+        self.error: str | None = None
+        if hw is not None:
+            self._future.set_result(hw)
+        else:
+            threading.Thread(target=self._run, args=(probe,), daemon=True, name="hardware-probe").start()
+
+    def _run(self, probe) -> None:
+        try:
+            self._future.set_result(probe())
+        except Exception as exc:  # no torch, a broken driver...: plan for the CPU and say why
+            self.error = str(exc)
+            log.warning("hardware probe failed: %s", exc)
+            self._future.set_result(Hardware(cpu_count=os.cpu_count() or 1, notes=(f"GPU probe failed: {exc}",)))
+
+    def ready(self) -> bool:
+        return self._future.done()
+
+    def get(self, timeout: float | None = 300) -> Hardware:
+        return self._future.result(timeout)
+
+    def for_config(self, config: Config, wait: float = 0) -> Hardware | None:
+        """The hardware to plan `config` on; a cpu:N plan needs no probe. None while the probe runs."""
+        try:
+            if parse_devices(config.devices)[0] == "cpu":
+                return self.get(0) if self.ready() else Hardware(cpu_count=os.cpu_count() or 1)
+        except ValueError:
+            pass
+        if not self.ready() and wait <= 0:
+            return None
+        return self.get(wait)
+
+    def describe(self) -> str:
+        if not self.ready():
+            return "Checking this machine's GPUs…"
+        hw = self.get(0)
+        if not hw.gpu_count:
+            why = f" ({self.error})" if self.error else ""
+            return f"No GPU found{why}: runs use the CPU ({hw.cpu_count} cores). Fine for the demo, slow for real models."
+        names = ", ".join(sorted(set(hw.gpu_names))) or "GPU"
+        memory = f", {hw.gpu_memory_gb[0]:g} GB each" if hw.gpu_memory_gb else ""
+        return f"{hw.gpu_count} × {names}{memory} · {'bf16' if hw.bf16 else 'fp16'}"
+
+
+class Jobs:
+    def __init__(self, runs_dir: str | Path, hardware: HardwareCache):
+        self.runs_dir = Path(runs_dir).expanduser().resolve()
+        self.hardware = hardware
+        self._procs: dict[Path, object] = {}
+        self._waiters: dict[Path, threading.Thread] = {}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="imagetune-job")
+        self._demo: Future | None = None
+
+    # -- the offline demo's model and data are built once, in the background, so Start is quick ---------------
+    def warm_demo(self) -> None:
+        if (self.runs_dir / DEMO_DIR / "tiny-sd").exists() and (self.runs_dir / DEMO_DIR / "demo-data").exists():
+            return
+        self._demo = self._pool.submit(demo_assets, self.runs_dir / DEMO_DIR, list(DEFAULT_DEMO))
+
+    def demo_path(self, name: str) -> Path:
+        """A built demo asset (`tiny-sd`, `demo-data`), building it first if needed."""
+        if self._demo is not None:
+            try:
+                self._demo.result()
+            except Exception:
+                pass  # built again below, reporting the error
+        return demo_assets(self.runs_dir / DEMO_DIR, [name])[name]
+
+    # -- runs -------------------------------------------------------------------------------------------------
+    def run_dir(self, name: str) -> Path:
+        """The folder of run `name`, refusing anything that is not directly inside the runs folder."""
+        path = (self.runs_dir / (name or "")).resolve()
+        if not name or path.parent != self.runs_dir or not path.is_dir():
+            raise UserError(f"There is no run named {name!r} in {self.runs_dir}.")
+        return path
+
+    def _watch(self, proc) -> None:
+        waiter = threading.Thread(target=self._wait, args=(proc,), daemon=True, name=f"wait-{proc.run_dir.name}")
+        with self._lock:
+            self._procs[Path(proc.run_dir)] = proc
+            self._waiters[Path(proc.run_dir)] = waiter
+        waiter.start()
+
+    def _wait(self, proc) -> None:
+        try:
+            proc.wait()  # writes `failed` if the workers died without a final event
+        except Exception:
+            log.exception("waiting for %s failed", proc.run_dir)
+        finally:
+            with self._lock:
+                if self._procs.get(Path(proc.run_dir)) is proc:
+                    del self._procs[Path(proc.run_dir)]
+
+    def start(self, config: Config) -> Path:
+        from trainer.launcher import prepare_run, start_run
+
+        if self._demo is not None and not self._demo.done():
+            self._demo.result()  # the demo assets are being built: wait rather than build them twice
+        run_dir, plan = prepare_run(config, self.runs_dir, self.hardware.for_config(config, wait=300))
+        self._watch(start_run(run_dir, plan, config))
+        return run_dir
+
+    def stop(self, name: str) -> None:
+        request_stop(self.run_dir(name))
+
+    def resume(self, name: str, overrides: Iterable[str] = ()) -> Path:
+        from trainer.launcher import resume_run
+
+        run_dir = self.run_dir(name)
+        with self._lock:
+            previous = self._waiters.get(run_dir)
+        if previous is not None:
+            # The last launch's waiter must see its own final event before a `resumed` follows it (else it would
+            # take the run for one that died without a final event); torchrun may take a moment to exit.
+            previous.join(60)
+            if previous.is_alive():
+                raise UserError(f"Run {name} has not finished stopping yet; try Resume again in a moment.")
+        hw = self.hardware.get(300)
+        self._watch(resume_run(run_dir, list(overrides), hw=hw))
+        return run_dir
+
+    def kill(self, name: str) -> None:
+        """Kill without a checkpoint (for a run that does not react to Stop); in the background."""
+        from trainer.launcher import kill_run
+
+        run_dir = self.run_dir(name)
+        with self._lock:
+            proc = self._procs.get(run_dir)
+        self._pool.submit(proc.kill if proc is not None else kill_run, *(() if proc is not None else (run_dir,)))
+
+    def delete(self, name: str) -> None:
+        run_dir = self.run_dir(name)
+        if read_run(run_dir).active:
+            raise UserError(f"Run {name} is still running: stop it first, then delete it.")
+        shutil.rmtree(run_dir)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

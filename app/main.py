@@ -1,0 +1,70 @@
+"""Serve the web UI: `python launch.py` (see launch.py for the options) calls `main`.
+
+    main(host="127.0.0.1", port=7860, auth=None, share=False, insecure=False, runs_dir="runs")
+
+Refuses to serve beyond this machine without a login (app.security). Environment variables, for containers:
+IMAGETUNE_AUTH (user:password, when no auth is passed), IMAGETUNE_HOME (user presets: $IMAGETUNE_HOME/presets),
+IMAGETUNE_WORKSPACE (the folder typed paths are confined to when the UI is exposed).
+This module imports gradio but never torch; GPUs are probed in a child process.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # nothing phones home
+
+from app.security import Workspace, auth_from_env, check_exposure
+
+
+def _patient_url_ok() -> None:
+    """Gradio checks that it can reach itself once, with a 3 s timeout, and refuses to start otherwise; on a
+    busy machine (training on every core) that first answer can take longer. Retry for up to a minute."""
+    import time
+
+    from gradio import networking
+
+    original = networking.url_ok
+    if getattr(original, "_patient", False):
+        return
+
+    def url_ok(url: str) -> bool:
+        deadline = time.monotonic() + 60
+        while not original(url):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(1)
+        return True
+
+    url_ok._patient = True
+    networking.url_ok = url_ok
+
+
+def main(host: str = "127.0.0.1", port: int = 7860, auth: tuple[str, str] | None = None, share: bool = False,
+         insecure: bool = False, runs_dir: str | Path = "runs", home: str | Path | None = None,
+         workspace: str | Path | None = None, inbrowser: bool = False) -> int:
+    auth = auth_from_env(auth)
+    check_exposure(host, share, auth, insecure)
+    from app.ui import CSS_PATH, THEME, build_ui, make_context
+
+    ctx = make_context(runs_dir, home, Workspace.for_server(host, share, workspace))
+    ctx.jobs.warm_demo()  # builds the offline demo's tiny model in a child process, so the first Start is quick
+    blocks = build_ui(ctx)
+    _patient_url_ok()
+    blocks.queue(default_concurrency_limit=4)
+    print(f"imagetune UI: runs in {ctx.runs_dir}, your presets in {ctx.presets.user_dir}", flush=True)
+    if ctx.workspace.confined:
+        print(f"paths typed into the UI are confined to {ctx.workspace.root}", flush=True)
+    try:
+        blocks.launch(
+            server_name=host, server_port=port, auth=auth, share=share, inbrowser=inbrowser,
+            allowed_paths=[str(ctx.runs_dir)], show_error=True, ssr_mode=False, theme=THEME,
+            css_paths=[str(CSS_PATH)], footer_links=["gradio", "settings"],
+            auth_message="imagetune: log in with the user and password given to launch.py --auth or IMAGETUNE_AUTH.",
+        )
+    finally:
+        ctx.jobs.shutdown()
+    print("UI closed. Runs it started keep going; `python launch.py` again follows them.", file=sys.stderr)
+    return 0

@@ -1,0 +1,250 @@
+"""Read run folders into what the Runs page shows. Read-only and torch-free.
+
+Everything comes from the run folder (DESIGN.md): events.jsonl (read incrementally, cached per folder),
+config.yaml, train.log, samples/, output/. So whatever started a run (this UI before a restart, launch.py in a
+terminal), the page shows it, and a browser refresh finds it again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from trainer.events import EVENTS_FILE, FINAL_TYPES
+from trainer.runfolder import CONFIG_FILE, DEMO_DIR, LOG_FILE, PID_FILE, tail_lines
+from trainer.stopping import STOP_FILE
+
+RUN_COLUMNS = ["run", "family", "method", "status", "step", "loss", "started"]
+
+
+class EventCache:
+    """events.jsonl of each run, read from where the last read stopped (a rewritten file is read again)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._runs: dict[Path, tuple[int, int, list[dict]]] = {}  # folder -> (offset, inode, events)
+
+    def events(self, run_dir: Path) -> list[dict]:
+        path = Path(run_dir) / EVENTS_FILE
+        with self._lock:
+            try:
+                stat = path.stat()
+            except OSError:
+                self._runs.pop(Path(run_dir), None)
+                return []
+            offset, inode, events = self._runs.get(Path(run_dir), (0, stat.st_ino, []))
+            if inode != stat.st_ino or stat.st_size < offset:
+                offset, events = 0, []
+            if stat.st_size > offset:
+                events = list(events)
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    for line in f:
+                        if not line.endswith(b"\n"):
+                            break  # half-written: read it next time
+                        offset += len(line)
+                        try:
+                            events.append(json.loads(line))
+                        except json.JSONDecodeError:
+                            continue
+            self._runs[Path(run_dir)] = (offset, stat.st_ino, events)
+            return events
+
+
+CACHE = EventCache()
+
+
+def _pid_alive(run_dir: Path) -> bool:
+    try:
+        os.kill(int((run_dir / PID_FILE).read_text().strip()), 0)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+@dataclass
+class RunView:
+    """One run as the page shows it."""
+
+    path: Path
+    name: str
+    status: str = "unknown"  # running | stopping | finishing | done | stopped | failed | unknown
+    family: str = ""
+    method: str = ""
+    step: int = 0
+    steps: int = 0
+    loss: float | None = None
+    lr: float | None = None
+    it_per_s: float | None = None
+    eta_s: float | None = None
+    started: float | None = None
+    plan_line: str = ""
+    plan_notes: list[str] = field(default_factory=list)
+    final: dict | None = None
+    losses: dict[int, float] = field(default_factory=dict)  # step -> loss (a resumed step replaces the old one)
+    lrs: dict[int, float] = field(default_factory=dict)
+    samples: dict[tuple[int, int], dict] = field(default_factory=dict)  # (step, prompt index) -> sample event
+    warnings: list[str] = field(default_factory=list)
+    has_progress: bool = False  # this launch reported a step (else it is still loading the model)
+
+    @property
+    def active(self) -> bool:
+        return self.status in ("running", "stopping", "finishing")
+
+
+def _config_summary(run_dir: Path) -> dict:
+    try:
+        data = yaml.safe_load((run_dir / CONFIG_FILE).read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def read_run(run_dir: str | Path, cache: EventCache = CACHE) -> RunView:
+    run_dir = Path(run_dir)
+    view = RunView(path=run_dir, name=run_dir.name)
+    config = _config_summary(run_dir)
+    view.family = str((config.get("model") or {}).get("family", ""))
+    view.method = str(config.get("method", ""))
+    view.steps = int((config.get("train") or {}).get("steps", 0) or 0)
+    total = None
+    for event in cache.events(run_dir):
+        kind = event.get("type")
+        if view.started is None:
+            view.started = event.get("time")
+        if kind == "plan":
+            view.plan_line, view.plan_notes = event.get("line", ""), list(event.get("notes") or [])
+            total, view.steps = event.get("total") or total, event.get("steps") or view.steps
+            view.final, view.has_progress = None, False
+        elif kind == "resumed":
+            plan = event.get("plan") or {}
+            view.plan_line = event.get("line") or plan.get("line", view.plan_line)
+            view.plan_notes = list(plan.get("notes") or [])
+            total, view.steps = plan.get("total") or total, plan.get("steps") or view.steps
+            view.step = event.get("step", view.step)
+            view.final, view.has_progress, view.eta_s, view.it_per_s = None, False, None, None
+        elif kind == "progress":
+            view.has_progress = True
+            view.step, view.steps = event.get("step", view.step), event.get("steps") or view.steps
+            view.loss, view.lr, view.eta_s = event.get("loss"), event.get("lr"), event.get("eta_s")
+            rate = event.get("samples_per_s")
+            view.it_per_s = rate / total if rate and total else None
+            if view.loss is not None:
+                view.losses[view.step] = view.loss
+            if view.lr is not None:
+                view.lrs[view.step] = view.lr
+        elif kind == "sample" and event.get("path"):
+            view.samples[(event.get("step", 0), event.get("index", 0))] = event
+        elif kind == "warning":
+            view.warnings.append(str(event.get("message", "")))
+        elif kind in FINAL_TYPES:
+            view.final = event
+            if kind == "done":
+                view.step = event.get("step", view.step)
+    if view.final is not None:
+        # The workers wrote how it ended; until torchrun itself has exited, it is not safe to resume or delete.
+        ended = view.final["type"]
+        view.status = ended if not _pid_alive(run_dir) else ("stopping" if ended == "stopped" else "finishing")
+    elif _pid_alive(run_dir):
+        view.status = "stopping" if (run_dir / STOP_FILE).exists() else "running"
+    elif view.started is not None and time.time() - view.started < 10 and not (run_dir / PID_FILE).exists():
+        view.status = "running"  # prepared a moment ago; torchrun is being started
+    return view
+
+
+def run_dirs(runs_dir: str | Path) -> list[Path]:
+    """Run folders (a folder with a config.yaml or an events.jsonl; the demo assets are not runs)."""
+    root = Path(runs_dir)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir()
+             if p.is_dir() and p.name != DEMO_DIR and not p.name.startswith(".")
+             and ((p / EVENTS_FILE).exists() or (p / CONFIG_FILE).exists())]
+    return sorted(found)
+
+
+def list_runs(runs_dir: str | Path, cache: EventCache = CACHE) -> list[RunView]:
+    """Every run, newest first (by its first event)."""
+    views = [read_run(p, cache) for p in run_dirs(runs_dir)]
+    return sorted(views, key=lambda v: (v.started or 0, v.name), reverse=True)
+
+
+def fingerprint(runs_dir: str | Path, selected: str | None) -> str:
+    """Changes whenever what the Runs page shows could have changed: a run appears or goes, its events grow, a
+    STOP file appears, its processes end; for the selected run also its log and outputs. Cheap: stats only."""
+    parts = []
+    for run in run_dirs(runs_dir):
+        try:
+            size = (run / EVENTS_FILE).stat().st_size
+        except OSError:
+            size = -1
+        parts.append(f"{run.name}:{size}:{(run / STOP_FILE).exists()}:{_pid_alive(run)}")
+        if run.name == selected:
+            for extra in (run / LOG_FILE, run / "output"):
+                try:
+                    parts.append(f"{extra.name}:{extra.stat().st_mtime_ns}")
+                except OSError:
+                    pass
+    return f"{selected}|" + "|".join(parts)
+
+
+def fmt_duration(seconds) -> str:
+    if seconds is None:
+        return "?"
+    seconds = int(max(0, seconds))
+    h, rest = divmod(seconds, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
+
+
+def fmt_time(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts)) if ts else ""
+
+
+def run_rows(views: list[RunView]) -> list[list]:
+    """Rows of the runs table (RUN_COLUMNS)."""
+    return [[v.name, v.family, v.method, v.status, f"{v.step}/{v.steps}" if v.steps else str(v.step),
+             f"{v.loss:.4f}" if v.loss is not None else "", fmt_time(v.started)] for v in views]
+
+
+def latest_samples(view: RunView) -> list[tuple[str, str]]:
+    """(image path, caption) of the newest sample of each prompt."""
+    newest: dict[int, tuple[int, dict]] = {}
+    for (step, index), event in view.samples.items():
+        if index not in newest or step > newest[index][0]:
+            newest[index] = (step, event)
+    return [(str(view.path / e["path"]), f"step {s} · {e.get('prompt', '')}")
+            for _, (s, e) in sorted(newest.items()) if (view.path / e["path"]).is_file()]
+
+
+def all_samples(view: RunView) -> list[tuple[str, str]]:
+    """Every sample, newest step first, prompts in order within a step (a grid of steps x prompts)."""
+    keys = sorted(view.samples, key=lambda k: (-k[0], k[1]))
+    return [(str(view.path / view.samples[k]["path"]), f"step {k[0]} · {view.samples[k].get('prompt', '')}")
+            for k in keys if (view.path / view.samples[k]["path"]).is_file()]
+
+
+def prompt_count(view: RunView) -> int:
+    return max((index for _, index in view.samples), default=-1) + 1
+
+
+def log_tail(run_dir: str | Path, count: int = 40) -> str:
+    """The last lines of train.log (progress bars' carriage returns split into lines)."""
+    lines = []
+    for line in tail_lines(Path(run_dir) / LOG_FILE, count):
+        lines.extend(part for part in line.split("\r") if part.strip())
+    return "\n".join(lines[-count:])
+
+
+def output_files(run_dir: str | Path) -> list[str]:
+    """The run's final artifacts to download: the files directly in output/ (a LoRA's .safetensors files, a full
+    fine-tune's single-file checkpoint). Folders (a diffusers model) stay on disk, at their path in the run folder."""
+    root = Path(run_dir) / "output"
+    if not root.is_dir():
+        return []
+    return sorted(str(p) for p in root.iterdir() if p.is_file() and p.stat().st_size > 0)

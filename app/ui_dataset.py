@@ -1,0 +1,60 @@
+"""The "Dataset check" tab: point at a folder, see what training will see before a run starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+
+from app.dataset_check import check_dataset
+
+
+@dataclass
+class DatasetTab:
+    path: gr.Textbox
+    instance_prompt: gr.Textbox
+    caption_extension: gr.Textbox
+    resolution: gr.Number
+    check: gr.Button
+    summary: gr.Markdown
+    problems: gr.HTML
+    gallery: gr.Gallery
+
+
+def build(ctx) -> DatasetTab:
+    gr.Markdown("Check a folder of training images the way a run will read it: how many images, their sizes, "
+                "kohya repeat folders, captions, and the files that would be skipped.", elem_classes=["tab-intro"])
+    with gr.Row(equal_height=False):
+        path = gr.Textbox(label="Images folder (data.path)", placeholder="/path/to/my/photos  or  demo://demo-data",
+                          scale=3, elem_id="dataset-path")
+        instance_prompt = gr.Textbox(label="Instance prompt (data.instance_prompt)", scale=2,
+                                     info="Caption for images that have none.", elem_id="dataset-prompt")
+        caption_extension = gr.Textbox(".txt", label="Caption extension", scale=1, elem_id="dataset-ext")
+        resolution = gr.Number(512, precision=0, label="Resolution", scale=1, elem_id="dataset-resolution")
+    check = gr.Button("Check images", variant="primary", elem_id="dataset-check-button")
+    problems = gr.HTML("", elem_id="dataset-problems")
+    summary = gr.Markdown("", elem_id="dataset-summary")
+    gallery = gr.Gallery(label="Images and their captions", columns=6, height=520, object_fit="cover",
+                         elem_id="dataset-gallery")
+    return DatasetTab(path, instance_prompt, caption_extension, resolution, check, summary, problems, gallery)
+
+
+def run_check(ctx, path, prompt, extension, resolution):
+    report = check_dataset(path, prompt, extension, resolution, ctx.workspace, ctx.jobs.demo_path)
+    return report.summary_md, report.problems_html, report.gallery or None
+
+
+def inputs_of(t: DatasetTab) -> list:
+    return [t.path, t.instance_prompt, t.caption_extension, t.resolution]
+
+
+def outputs_of(t: DatasetTab) -> list:
+    return [t.summary, t.problems, t.gallery]
+
+
+def wire(ctx, t: DatasetTab) -> None:
+    def handler(*args):
+        return run_check(ctx, *args)
+
+    t.check.click(handler, inputs=inputs_of(t), outputs=outputs_of(t))
+    t.path.submit(handler, inputs=inputs_of(t), outputs=outputs_of(t))

@@ -1,0 +1,282 @@
+"""The "Runs" tab: every run folder, and the selected run followed live (a gr.Timer polls its folder).
+
+Each tick re-reads the folder (incrementally) and sends only the parts that changed, so images and plots do not
+flicker. The selected run lives in the browser page; on a reload the newest running run is selected again.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+
+import gradio as gr
+import pandas as pd
+
+from app import runs as R
+from trainer.errors import UserError
+
+POLL_S = 2.0  # seconds between looks at the runs folder (only while the Runs tab is shown)
+STATUS_TEXT = {
+    "running": "running", "stopping": "stopping: saving a checkpoint", "finishing": "finishing",
+    "done": "done", "stopped": "stopped",
+    "failed": "failed", "unknown": "ended without a final event",
+}
+
+
+@dataclass
+class RunsTab:
+    table: gr.Dataframe
+    select: gr.Dropdown
+    header: gr.HTML
+    failed: gr.HTML
+    progress: gr.HTML
+    stop: gr.Button
+    resume: gr.Button
+    resume_overrides: gr.Textbox
+    delete: gr.Button
+    kill: gr.Button
+    confirm_row: gr.Row
+    confirm_text: gr.Markdown
+    confirm_yes: gr.Button
+    confirm_no: gr.Button
+    message: gr.HTML
+    loss_plot: gr.LinePlot
+    lr_plot: gr.LinePlot
+    latest: gr.Gallery
+    every: gr.Gallery
+    outputs: gr.File
+    log: gr.Textbox
+    seen: gr.State
+    timer: gr.Timer
+    polled: gr.State
+
+
+def build(ctx) -> RunsTab:
+    with gr.Row(equal_height=False):
+        select = gr.Dropdown(choices=[], value=None, label="Run", scale=1, elem_id="run-select",
+                             info="The run shown below; or click a row of the table.")
+        header = gr.HTML("", elem_id="run-header", scale=3)
+    table = gr.Dataframe(headers=R.RUN_COLUMNS, value=[], interactive=False, max_height=230, elem_id="runs-table",
+                         show_label=False, wrap=False)
+    failed = gr.HTML("", visible=False, elem_id="run-failed")
+    progress = gr.HTML(progress_html(None), elem_id="run-progress")
+    with gr.Row(elem_id="run-actions"):
+        stop = gr.Button("■  Stop", variant="stop", interactive=False, elem_id="stop-button", min_width=120)
+        resume = gr.Button("▶  Resume", variant="primary", interactive=False, elem_id="resume-button", min_width=120)
+        resume_overrides = gr.Textbox(placeholder="resume with changes, e.g. train.steps=600 (optional)",
+                                      show_label=False, scale=2, elem_id="resume-overrides", container=False)
+        delete = gr.Button("Delete…", interactive=False, elem_id="delete-button", min_width=100)
+        kill = gr.Button("Kill now", interactive=False, elem_id="kill-button", min_width=100)
+    gr.HTML('<div class="hint">Stop saves a checkpoint at the end of the current step; Resume continues from it at '
+            'the same step, learning rate and data order. Kill ends a run that does not react to Stop (SIGTERM, then SIGKILL).</div>')
+    with gr.Row(visible=False, elem_id="confirm-row", elem_classes=["msg-box", "warning"]) as confirm_row:
+        confirm_text = gr.Markdown("")
+        confirm_yes = gr.Button("Yes, delete it", variant="stop", elem_id="confirm-delete", size="md")
+        confirm_no = gr.Button("Cancel", elem_id="cancel-delete", size="md")
+    message = gr.HTML("", elem_id="run-message")
+    with gr.Row():
+        loss_plot = gr.LinePlot(_frame({}, "loss"), x="step", y="loss", title="Loss", height=260, elem_id="loss-plot")
+        lr_plot = gr.LinePlot(_frame({}, "lr"), x="step", y="lr", title="Learning rate", height=260,
+                              elem_id="lr-plot")
+    latest = gr.Gallery(label="Samples: latest of each prompt", columns=4, height=300, object_fit="contain",
+                        elem_id="samples-latest", elem_classes=["samples"], allow_preview=True, fit_columns=False)
+    with gr.Accordion("Every sample, by step (newest first)", open=False, elem_id="samples-all-accordion"):
+        every = gr.Gallery(label="All samples", show_label=False, columns=4, height=480, object_fit="contain",
+                           elem_id="samples-all", elem_classes=["samples"], fit_columns=False)
+    outputs = gr.File(label="Outputs: download the trained files", file_count="multiple", visible=False,
+                      interactive=False, elem_id="run-outputs")
+    with gr.Accordion("Log (last lines of train.log)", open=False, elem_id="log-accordion"):
+        log = gr.Textbox(show_label=False, lines=14, max_lines=14, interactive=False, autoscroll=True, elem_id="run-log")
+    return RunsTab(table, select, header, failed, progress, stop, resume, resume_overrides, delete, kill, confirm_row,
+                   confirm_text, confirm_yes, confirm_no, message, loss_plot, lr_plot, latest, every, outputs, log,
+                   gr.State({}), gr.Timer(POLL_S), gr.State(""))
+
+
+def _frame(series: dict, column: str) -> pd.DataFrame:
+    return pd.DataFrame({"step": list(series), column: list(series.values())}, columns=["step", column])
+
+
+def _columns(prompts: int) -> int:
+    """Gallery columns: whole steps per row (prompts side by side), at least 4 images wide."""
+    if prompts <= 0:
+        return 4
+    return prompts * -(-4 // prompts) if prompts < 4 else prompts
+
+
+def progress_html(view: R.RunView | None) -> str:
+    if view is None:
+        return '<div class="progress empty">No run selected. Start one from the <b>New run</b> tab.</div>'
+    pct = 100.0 * view.step / view.steps if view.steps else 0.0
+    parts = [f"step <b class='step' data-step='{view.step}'>{view.step}</b> / {view.steps or '?'}"]
+    if view.active and not view.has_progress:
+        parts.append("starting: loading the model (this takes a little while)")
+    if view.status == "stopped":
+        parts.append("checkpoint saved: Resume continues from here")
+    if view.it_per_s:
+        parts.append(f"{view.it_per_s:.2f} it/s")
+    if view.active and view.eta_s is not None and view.has_progress:
+        parts.append(f"ETA {R.fmt_duration(view.eta_s)}")
+    if view.loss is not None:
+        parts.append(f"loss {view.loss:.4f}")
+    if view.lr is not None:
+        parts.append(f"lr {view.lr:.2e}")
+    bar_class = {"done": "done", "failed": "failed", "stopped": "stopped"}.get(view.status, "running")
+    return (f'<div class="progress {bar_class}" data-status="{view.status}"><div class="bar">'
+            f'<div class="fill" style="width:{pct:.1f}%"></div></div>'
+            f'<div class="progress-text">{" · ".join(parts)}</div></div>')
+
+
+def header_html(view: R.RunView | None) -> str:
+    if view is None:
+        return ""
+    status = html.escape(STATUS_TEXT.get(view.status, view.status))
+    what = " · ".join(x for x in (view.family, view.method) if x)
+    plan = f'<div class="run-plan">{html.escape(view.plan_line)}</div>' if view.plan_line else ""
+    notes = "".join(f"<div class='run-note'>{html.escape(n)}</div>" for n in view.plan_notes)
+    warnings = "".join(f"<div class='run-note warn'>⚠ {html.escape(w)}</div>" for w in view.warnings[-3:])
+    return (f'<div class="run-head"><span class="run-name">{html.escape(view.name)}</span>'
+            f'<span class="badge {view.status}" id="run-status">{status}</span>'
+            f'<span class="run-what">{html.escape(what)} · started {R.fmt_time(view.started)}</span></div>'
+            f'{plan}{notes}{warnings}')
+
+
+def failed_html(view: R.RunView | None) -> str:
+    if view is None or view.status not in ("failed", "unknown"):
+        return ""
+    if view.status == "unknown":
+        reason = ("The run's processes are gone but it wrote no final event (the UI or machine that started it "
+                  "was restarted while it ran). Resume continues from its newest checkpoint.")
+    else:
+        reason = str((view.final or {}).get("reason", "no reason given"))
+    return (f'<div class="msg-box error"><b>Why it failed</b><pre class="reason">{html.escape(reason)}</pre>'
+            f'<div>Fix what it names, then press <b>Resume</b> (continues from the newest checkpoint) or start a new run.</div></div>')
+
+
+def snapshot(ctx, name: str | None) -> dict:
+    """Every output's content for run `name`, keyed by output name."""
+    views = R.list_runs(ctx.jobs.runs_dir)
+    names = [v.name for v in views]
+    view = next((v for v in views if v.name == name), None)
+    data = {
+        "table": R.run_rows(views),
+        "select": (tuple(names), name if view else None),
+        "header": header_html(view),
+        "failed": failed_html(view),
+        "progress": progress_html(view),
+        "buttons": (view.status == "running" if view else False,
+                    (not view.active) if view else False,
+                    (not view.active) if view else False,
+                    view.active if view else False),
+        "loss": tuple(sorted(view.losses.items())) if view else (),
+        "lr": tuple(sorted(view.lrs.items())) if view else (),
+        "latest": tuple(R.latest_samples(view)) if view else (),
+        "every": tuple(R.all_samples(view)) if view else (),
+        "columns": _columns(R.prompt_count(view)) if view else 4,
+        "outputs": tuple(R.output_files(view.path)) if view and view.status == "done" else (),
+        "log": R.log_tail(view.path) if view else "",
+    }
+    return data
+
+
+def render(data: dict, seen: dict) -> list:
+    """Updates for RunsTab.outputs() (gr.skip() for what did not change since `seen`)."""
+    def changed(key):
+        return seen.get(key) != data[key]
+
+    names, selected = data["select"]
+    stop_on, resume_on, delete_on, kill_on = data["buttons"]
+    out = [
+        gr.update(value=data["table"]) if changed("table") else gr.skip(),
+        gr.update(choices=list(names), value=selected) if changed("select") else gr.skip(),
+        data["header"] if changed("header") else gr.skip(),
+        gr.update(value=data["failed"], visible=bool(data["failed"])) if changed("failed") else gr.skip(),
+        data["progress"] if changed("progress") else gr.skip(),
+        *([gr.update(interactive=stop_on), gr.update(interactive=resume_on), gr.update(interactive=delete_on),
+           gr.update(interactive=kill_on)] if changed("buttons") else [gr.skip()] * 4),
+        _frame(dict(data["loss"]), "loss") if changed("loss") else gr.skip(),
+        _frame(dict(data["lr"]), "lr") if changed("lr") else gr.skip(),
+        gr.update(value=list(data["latest"]) or None) if changed("latest") else gr.skip(),
+        gr.update(value=list(data["every"]) or None, columns=data["columns"])
+        if changed("every") or changed("columns") else gr.skip(),
+        gr.update(value=list(data["outputs"]) or None, visible=bool(data["outputs"])) if changed("outputs") else gr.skip(),
+        data["log"] if changed("log") else gr.skip(),
+        {k: v for k, v in data.items()},
+    ]
+    return out
+
+
+def outputs_of(t: RunsTab) -> list:
+    return [t.table, t.select, t.header, t.failed, t.progress, t.stop, t.resume, t.delete, t.kill, t.loss_plot,
+            t.lr_plot, t.latest, t.every, t.outputs, t.log, t.seen]
+
+
+def pick_default(ctx) -> str | None:
+    """The run a freshly opened page follows: the newest running one, else the newest."""
+    views = R.list_runs(ctx.jobs.runs_dir)
+    running = [v for v in views if v.active]
+    return (running or views or [None])[0].name if (running or views) else None
+
+
+def wire(ctx, t: RunsTab) -> None:
+    outs = outputs_of(t)
+
+    def refresh(name, seen):
+        return render(snapshot(ctx, name), seen or {})
+
+    # Each tick only fingerprints the runs folder (sizes, pids) into a State; the page is re-rendered when that
+    # changes. An idle page then costs the browser next to nothing between training steps.
+    def poll(name, last):
+        now = R.fingerprint(ctx.jobs.runs_dir, name); import sys; print("POLL", flush=True, file=sys.stderr)
+        return gr.skip() if now == last else now
+
+    t.timer.tick(poll, inputs=[t.select, t.polled], outputs=[t.polled], show_progress="hidden", trigger_mode="once")
+    t.polled.change(refresh, inputs=[t.select, t.seen], outputs=outs, show_progress="hidden", trigger_mode="always_last")
+    t.select.input(lambda name: refresh(name, {}), inputs=[t.select], outputs=outs, show_progress="hidden")
+
+    def on_table_select(evt: gr.SelectData):
+        row = evt.row_value or []
+        return row[0] if row else gr.skip()
+
+    t.table.select(on_table_select, outputs=[t.select]).then(
+        lambda name: refresh(name, {}), inputs=[t.select], outputs=outs, show_progress="hidden")
+
+    ctx.blocks.load(lambda: refresh(pick_default(ctx), {}), outputs=outs, show_progress="hidden")
+
+    def act(fn, done: str):
+        def handler(name, *args):
+            try:
+                fn(name, *args)
+            except (UserError, OSError) as exc:
+                return f'<div class="msg-box error">{html.escape(str(exc))}</div>'
+            return f'<div class="msg-box ok">{html.escape(done.format(name=name))}</div>'
+        return handler
+
+    then = dict(fn=lambda name, seen: refresh(name, seen), inputs=[t.select, t.seen], outputs=outs,
+                show_progress="hidden")
+    t.stop.click(act(ctx.jobs.stop, "Stopping {name}: it saves a checkpoint at the end of this step, then shows "
+                                    "'stopped'."), inputs=[t.select], outputs=[t.message]).then(**then)
+    t.kill.click(act(ctx.jobs.kill, "Killing {name}: its processes get SIGTERM now (they save a checkpoint if they "
+                                    "still can) and SIGKILL after 10 seconds."),
+                 inputs=[t.select], outputs=[t.message]).then(**then)
+
+    def do_resume(name, overrides):
+        ctx.jobs.resume(name, (overrides or "").split())
+
+    t.resume.click(act(do_resume, "Resumed {name} from its newest checkpoint."),
+                   inputs=[t.select, t.resume_overrides], outputs=[t.message]).then(**then)
+
+    def ask_delete(name):
+        if not name:
+            return gr.skip(), gr.skip()
+        return gr.update(visible=True), (f"Delete run **{name}** with its samples, checkpoints and outputs? "
+                                         "This cannot be undone.")
+
+    t.delete.click(ask_delete, inputs=[t.select], outputs=[t.confirm_row, t.confirm_text])
+    t.confirm_no.click(lambda: gr.update(visible=False), outputs=[t.confirm_row])
+
+    def do_delete(name):
+        message = act(ctx.jobs.delete, "Deleted {name}.")(name)
+        return gr.update(visible=False), message, pick_default(ctx)
+
+    t.confirm_yes.click(do_delete, inputs=[t.select], outputs=[t.confirm_row, t.message, t.select]).then(
+        lambda name: refresh(name, {}), inputs=[t.select], outputs=outs, show_progress="hidden")

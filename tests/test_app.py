@@ -1,0 +1,431 @@
+"""The pieces behind the web UI, without a browser: the generated form, form <-> YAML sync, validation at the
+field, the plan line, run folders -> runs list / progress / samples, presets, the dataset check, who may connect
+(auth, host) and which paths may be typed in (workspace confinement); and that the UI never imports torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from app import forms
+from app.checks import check_values
+from app.presets import Presets
+from app.runs import (
+    EventCache,
+    all_samples,
+    latest_samples,
+    list_runs,
+    log_tail,
+    read_run,
+    run_rows,
+)
+from app.security import Workspace, auth_from_env, check_exposure, parse_auth
+from trainer.config.schema import iter_keys
+from trainer.errors import UserError
+from trainer.hardware import Hardware
+
+REPO = Path(__file__).resolve().parents[1]
+CPU = Hardware(cpu_count=2)
+TWO_GPUS = Hardware(gpu_count=2, gpu_names=("GPU", "GPU"), bf16=True)
+MAIN_SECTIONS = ("model", "data", "lora", "full", "prior", "batch", "train", "sample", "checkpoint")
+MAIN_TOP_KEYS = ("name", "method", "seed", "devices", "precision")
+
+
+def demo_values() -> dict:
+    return Presets(Path("/nonexistent")).values("shipped/demo")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The form, generated from the schema
+
+
+def test_form_covers_every_key_of_the_main_groups_with_its_help_text():
+    schema = {key: f for key, f in iter_keys()}
+    expected = [k for k in schema if k.split(".")[0] in MAIN_SECTIONS or k in MAIN_TOP_KEYS]
+    assert set(expected) <= set(forms.FORM_KEYS)
+    for key in forms.FORM_KEYS:
+        spec = forms.SPEC[key]
+        assert spec.help and spec.help == " ".join(schema[key].metadata["help"].replace("`", "").split())
+        assert spec.group in forms.GROUPS
+    # Everything not in the form is still editable in the YAML, and nothing is in neither.
+    assert set(forms.FORM_KEYS) | {k for k in schema if forms.is_yaml_only(k)} == set(schema)
+    assert forms.SPEC["train.optimizer"].choices == tuple(schema["train.optimizer"].metadata["choices"])
+    assert {forms.SPEC[k].group for k in ("model.path", "data.path", "lora.rank", "devices", "batch.total",
+                                          "precision", "sample.every", "checkpoint.every")} == {
+        "model", "data", "method", "batch", "precision", "sampling", "output"}
+
+
+def test_form_widgets_carry_labels_help_and_ids():
+    import gradio as gr
+
+    from app.ui_form import build_form
+
+    values = demo_values()
+    with gr.Blocks():
+        widgets = build_form(values)
+    assert set(widgets.fields) == set(forms.FORM_KEYS) == set(widgets.errors)
+    lr = widgets.fields["train.lr"]
+    assert lr.info == forms.SPEC["train.lr"].help and "train.lr" in lr.label and lr.elem_id == "field-train-lr"
+    assert isinstance(widgets.fields["data.flip"], gr.Checkbox) and widgets.fields["data.flip"].value is True
+    assert isinstance(widgets.fields["train.scheduler"], gr.Dropdown)
+    assert isinstance(widgets.fields["train.steps"], gr.Number) and widgets.fields["train.steps"].value == 300
+    assert widgets.fields["sample.prompts"].value.splitlines() == values["sample.prompts"]
+    assert set(widgets.panels) == {"lora", "full"}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Form <-> values <-> YAML
+
+
+@pytest.mark.parametrize("preset", sorted(p.stem for p in (REPO / "presets").glob("*.yaml")))
+def test_every_shipped_preset_survives_form_and_yaml_round_trips(preset):
+    values = Presets(Path("/nonexistent")).values(f"shipped/{preset}")
+    assert forms.from_yaml(forms.to_yaml(values)) == values
+    widgets = [forms.to_widget(forms.SPEC[k], values[k]) for k in forms.FORM_KEYS]
+    assert forms.form_update(values, widgets) == values
+
+
+def test_a_form_edit_shows_in_the_yaml_and_a_yaml_edit_in_the_form():
+    values = demo_values()
+    widgets = {k: forms.to_widget(forms.SPEC[k], values[k]) for k in forms.FORM_KEYS}
+    widgets.update({"train.lr": "2e-4", "devices": "cpu:2", "sample.prompts": "a cat\n\n a dog ", "train.steps": 50.0})
+    edited = forms.form_update(values, [widgets[k] for k in forms.FORM_KEYS])
+    text = forms.to_yaml(edited)
+    assert "lr: 0.0002" in text and "devices: cpu:2" in text and "steps: 50\n" in text
+    assert edited["sample.prompts"] == ["a cat", "a dog"]
+
+    text = text.replace("rank: 8", "rank: 32").replace("total: 4", "total: 8")
+    back = forms.from_yaml(text)
+    assert back["lora.rank"] == 32 and back["batch.total"] == 8
+    assert forms.to_widget(forms.SPEC["lora.rank"], back["lora.rank"]) == 32
+    # A sparse YAML (like a preset) fills in the defaults; flow style works too.
+    sparse = forms.from_yaml("{train: {steps: 40, lr: 1e-3}, devices: [0, 1]}")
+    assert sparse["train.steps"] == 40 and sparse["train.lr"] == 0.001 and sparse["devices"] == [0, 1]
+    assert sparse["lora.rank"] == forms.defaults()["lora.rank"]
+    assert forms.to_widget(forms.SPEC["devices"], [0, 1]) == "[0, 1]"
+
+
+def test_yaml_syntax_errors_and_unknown_keys_are_reported():
+    with pytest.raises(forms.YamlError, match="YAML"):
+        forms.from_yaml("train: {steps: 40\n  lr: [")
+    with pytest.raises(forms.YamlError, match="mapping"):
+        forms.from_yaml("- just a list")
+    check = check_values(forms.from_yaml("trian: {steps: 3}\nmodel: {path: demo://tiny-sd}\n"
+                                         "data: {path: demo://demo-data}"), CPU)
+    assert any("trian.steps: unknown key" in p and "train.steps" in p for p in check.other_errors)
+
+
+def test_widget_text_converts_to_typed_values():
+    spec = forms.SPEC
+    assert forms.from_widget(spec["train.lr"], "1e-4") == 1e-4
+    assert forms.from_widget(spec["train.lr"], "abc") == "abc"  # left for the engine to name the key
+    assert forms.from_widget(spec["train.min_snr_gamma"], "") is None
+    assert forms.from_widget(spec["batch.per_device"], "auto") == "auto"
+    assert forms.from_widget(spec["batch.per_device"], "2") == 2
+    assert forms.from_widget(spec["devices"], "[0, 2]") == [0, 2]
+    assert forms.from_widget(spec["train.betas"], "0.9, 0.99") == [0.9, 0.99]
+    assert forms.from_widget(spec["data.instance_prompt"], "") is None
+    assert forms.from_widget(spec["data.cache_text_embeddings"], "default") is None
+    assert forms.from_widget(spec["data.cache_text_embeddings"], "yes") is True
+    assert forms.from_widget(spec["train.steps"], 40.0) == 40
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Validation at the field, and the plan line
+
+
+def test_errors_are_attached_to_their_fields_and_the_plan_waits_for_valid_devices():
+    values = {**demo_values(), "train.lr": -1.0, "data.resolution": 30}
+    check = check_values(values, CPU)
+    assert not check.ok
+    assert "must be greater than zero" in check.error_text("train.lr")
+    assert "multiple of 8" in check.error_text("data.resolution")
+    assert check.plan is not None  # unrelated mistakes do not hide the plan
+    assert check.plan.line() == "1 process x 2 per device x accumulation 2 = batch 4 · fp32 · sdpa · cpu"
+
+    check = check_values({**demo_values(), "devices": 3}, TWO_GPUS)
+    assert "asks for 3 GPUs" in check.error_text("devices") and check.plan is None
+    check = check_values({**demo_values(), "train.steps": None}, CPU)
+    assert check.error_text("train.steps") == "needs a value"
+
+
+def test_plan_line_follows_devices_and_batch():
+    values = {**demo_values(), "devices": 2, "batch.total": 16, "batch.per_device": 2}
+    check = check_values(values, TWO_GPUS)
+    assert check.ok
+    assert check.plan.line() == "2 processes x 2 per device x accumulation 4 = batch 16 · bf16 · sdpa · gpu 0,1"
+    check = check_values({**values, "devices": "cpu:2", "batch.total": 8}, TWO_GPUS)
+    assert check.plan.line() == "2 processes x 2 per device x accumulation 2 = batch 8 · fp32 · sdpa · cpu"
+    # The hardware is not known yet: a GPU plan waits, a CPU plan does not need it.
+    assert check_values({**values, "devices": "auto"}, lambda config: None).waiting_for_hardware
+    from app.jobs import HardwareCache
+
+    cache = HardwareCache(probe=lambda: time.sleep(30) or CPU)
+    assert check_values({**values, "devices": "cpu:1"}, cache.for_config).plan is not None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Run folders -> the Runs page
+
+
+def write_run(root: Path, name: str, events: list[dict], config: dict | None = None, pid: int | None = None) -> Path:
+    run = root / name
+    (run / "samples").mkdir(parents=True)
+    cfg = config or {"model": {"family": "sd"}, "method": "lora", "train": {"steps": 10}}
+    (run / "config.yaml").write_text(json.dumps(cfg))  # JSON is YAML
+    t0 = 1_700_000_000.0
+    (run / "events.jsonl").write_text("".join(json.dumps({"time": t0 + i, **e}) + "\n" for i, e in enumerate(events)))
+    for e in events:
+        if e["type"] == "sample":
+            Image.new("RGB", (8, 8), (200, 0, 0)).save(run / e["path"])
+    if pid is not None:
+        (run / "launcher.pid").write_text(f"{pid}\n")
+    (run / "train.log").write_text("".join(f"line {i}\n" for i in range(100)) + "a\rb\n")
+    return run
+
+
+PLAN = {"type": "plan", "line": "1 process x 1 per device x accumulation 1 = batch 2 · fp32 · sdpa · cpu",
+        "total": 2, "steps": 10, "notes": ["a note"]}
+
+
+def progress(step, loss, lr=1e-3, steps=10):
+    return {"type": "progress", "step": step, "steps": steps, "loss": loss, "lr": lr, "samples_per_s": 4.0, "eta_s": 30}
+
+
+def sample(step, index, prompt):
+    return {"type": "sample", "step": step, "prompt": prompt, "index": index,
+            "path": f"samples/step-{step:06d}-p{index:02d}.png"}
+
+
+def test_a_hand_made_run_folder_reads_into_the_runs_page(tmp_path):
+    run = write_run(tmp_path, "stopped-then-failed", [
+        PLAN, sample(0, 0, "a cat"), sample(0, 1, "a dog"), progress(1, 0.9), progress(2, 0.8),
+        sample(2, 0, "a cat"), progress(3, 0.7), {"type": "checkpoint", "step": 3, "path": "checkpoints/step-000003"},
+        {"type": "stopped", "step": 3, "checkpoint": "checkpoints/step-000003"},
+        {"type": "resumed", "step": 2, "line": "2 processes x 1 per device x accumulation 1 = batch 2 · fp32 · sdpa · cpu",
+         "plan": {"total": 2, "steps": 12, "notes": []}},
+        progress(3, 0.65, steps=12), {"type": "warning", "message": "img.png: no caption; skipped"},
+        {"type": "failed", "reason": "Rank 0 was killed by SIGKILL. Lower batch.per_device."},
+    ])
+    view = read_run(run, EventCache())
+    assert view.status == "failed" and "SIGKILL" in view.final["reason"]
+    assert (view.step, view.steps, view.family, view.method) == (3, 12, "sd", "lora")
+    assert view.losses == {1: 0.9, 2: 0.8, 3: 0.65}  # a step trained again after resuming replaces the old point
+    assert view.it_per_s == pytest.approx(2.0)  # samples/s over the batch
+    assert view.plan_line.startswith("2 processes") and view.warnings == ["img.png: no caption; skipped"]
+    assert [c for _, c in latest_samples(view)] == ["step 2 · a cat", "step 0 · a dog"]
+    assert [c for _, c in all_samples(view)] == ["step 2 · a cat", "step 0 · a cat", "step 0 · a dog"]
+    assert all(Path(p).is_file() for p, _ in all_samples(view))
+    assert log_tail(run, 3).splitlines() == ["line 99", "a", "b"]
+
+    done = write_run(tmp_path, "done", [PLAN, progress(10, 0.5), {"type": "done", "step": 10, "outputs": ["output/x"]}])
+    rows = {r[0]: r for r in run_rows(list_runs(tmp_path))}
+    assert rows["done"][3:6] == ["done", "10/10", "0.5000"]
+    assert rows["stopped-then-failed"][3] == "failed"
+    assert read_run(done).status == "done"
+
+
+def test_run_status_comes_from_the_folder(tmp_path):
+    running = write_run(tmp_path, "running", [PLAN, progress(1, 1.0)], pid=os.getpid())
+    assert read_run(running).status == "running"
+    (running / "STOP").touch()
+    assert read_run(running).status == "stopping"
+    # The workers wrote `stopped` but torchrun has not exited yet: not resumable until it has.
+    ending = write_run(tmp_path, "ending", [PLAN, {"type": "stopped", "step": 1, "checkpoint": None}], pid=os.getpid())
+    assert read_run(ending).status == "stopping" and read_run(ending).active
+    (ending / "launcher.pid").unlink()
+    assert read_run(ending).status == "stopped"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    orphan = write_run(tmp_path, "orphan", [PLAN, progress(1, 1.0)], pid=dead.pid)
+    assert read_run(orphan).status == "unknown"  # its processes are gone without a final event
+    assert sorted(v.name for v in list_runs(tmp_path)) == ["ending", "orphan", "running"]
+    assert not (tmp_path / ".demo").exists() and all(v.name != ".demo" for v in list_runs(tmp_path))
+
+
+def test_event_cache_reads_only_complete_new_lines(tmp_path):
+    run = write_run(tmp_path, "r", [PLAN])
+    cache = EventCache()
+    assert len(cache.events(run)) == 1
+    with open(run / "events.jsonl", "a") as f:
+        f.write(json.dumps(progress(1, 1.0)) + "\n" + '{"type": "progr')
+    assert [e["type"] for e in cache.events(run)] == ["plan", "progress"]
+    with open(run / "events.jsonl", "a") as f:
+        f.write('ess", "step": 2, "loss": 0.5}\n')
+    assert [e.get("step") for e in cache.events(run)] == [None, 1, 2]
+    (run / "events.jsonl").write_text(json.dumps(PLAN) + "\n")  # rewritten: read again from the start
+    assert len(cache.events(run)) == 1
+
+
+def test_runs_page_sends_only_what_changed(tmp_path):
+    from app import ui_runs
+    from app.jobs import HardwareCache, Jobs
+
+    write_run(tmp_path, "r", [PLAN, sample(0, 0, "a cat"), progress(1, 0.9)])
+    ctx = type("Ctx", (), {"jobs": Jobs(tmp_path, HardwareCache(hw=CPU))})()
+    data = ui_runs.snapshot(ctx, "r")
+    assert "step <b class='step' data-step='1'>1</b> / 10" in data["progress"] and "loss 0.9000" in data["progress"]
+    assert data["buttons"] == (False, True, True, False)  # ended without a final event, no pid: resumable
+    done = write_run(tmp_path, "d", [PLAN, progress(10, 0.5), {"type": "done", "step": 10, "outputs": []}])
+    (done / "output" / "diffusers").mkdir(parents=True)
+    (done / "output" / "pytorch_lora_weights.safetensors").write_bytes(b"x" * 10)
+    assert ui_runs.snapshot(ctx, "d")["outputs"] == (str(done / "output" / "pytorch_lora_weights.safetensors"),)
+    write_run(tmp_path, "f", [PLAN, {"type": "failed", "reason": "Rank 1 ran out of memory <here>."}])
+    assert "Rank 1 ran out of memory &lt;here&gt;." in ui_runs.snapshot(ctx, "f")["failed"]
+    assert ui_runs.snapshot(ctx, "d")["failed"] == ""
+    data = ui_runs.snapshot(ctx, "r")
+    first = ui_runs.render(data, {})
+    assert all(u != {"__type__": "update"} for u in first[:5])
+    again = ui_runs.render(ui_runs.snapshot(ctx, "r"), first[-1])
+    assert all(u == {"__type__": "update"} for u in again[:-1])  # gr.skip() everywhere
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Presets
+
+
+def test_presets_list_demo_first_and_save_sparse_user_presets(tmp_path):
+    presets = Presets(tmp_path / "user")
+    ids = [pid for _, pid in presets.choices()]
+    assert ids[0] == "shipped/demo" and all(pid.startswith("shipped/") for pid in ids)
+    assert "offline demo" in presets.description("shipped/demo")
+    shipped_before = {p: p.read_bytes() for p in (REPO / "presets").glob("*.yaml")}
+
+    values = {**presets.values("shipped/demo"), "train.steps": 77, "name": "mine"}
+    preset_id = presets.save("my-demo", values)
+    assert preset_id == "user/my-demo" and ("my-demo  ·  yours", "user/my-demo") in presets.choices()
+    text = (tmp_path / "user" / "my-demo.yaml").read_text()
+    assert "steps: 77" in text and "distributed" not in text and "center_crop" not in text  # sparse
+    assert presets.values(preset_id) == values
+    with pytest.raises(UserError):
+        presets.save("../escape", values)
+    with pytest.raises(UserError):
+        presets.values("shipped/../../etc/passwd")
+    assert {p: p.read_bytes() for p in (REPO / "presets").glob("*.yaml")} == shipped_before
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Dataset check
+
+
+def test_dataset_check_reports_counts_repeats_and_problems(tmp_path):
+    from app.dataset_check import check_dataset
+
+    data = tmp_path / "data"
+    (data / "10_sks dog").mkdir(parents=True)
+    for i in range(3):
+        Image.new("RGB", (640, 512), (i * 50, 0, 0)).save(data / f"img{i}.png")
+        (data / f"img{i}.txt").write_text(f"caption {i}")
+    Image.new("RGB", (256, 256)).save(data / "10_sks dog" / "dog.jpg")
+    Image.new("RGB", (300, 300)).save(data / "uncaptioned.png")
+    (data / "broken.png").write_bytes(b"not a png")
+    report = check_dataset(str(data), resolution=512)
+    assert report.scan.image_count == 4
+    assert "**4 images**" in report.summary_md and "13 per epoch" in report.summary_md
+    assert "| 10_sks dog | 10 | 1 |" in report.summary_md
+    assert "broken.png" in report.problems_html and "uncaptioned.png" in report.problems_html
+    assert len(report.gallery) == 4 and report.gallery[0][1] == "sks dog  ·  dog.jpg 256×256 · ×10"
+    missing = check_dataset(str(tmp_path / "nope"))
+    assert "Training would not start" in missing.problems_html and "does not exist" in missing.problems_html
+    outside = check_dataset("/etc", workspace=Workspace(tmp_path, confined=True))
+    assert "outside the workspace" in outside.problems_html
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Who may connect, which paths may be typed
+
+
+def test_serving_beyond_this_machine_needs_a_login():
+    check_exposure("127.0.0.1", False, None, False)
+    for host, share in (("0.0.0.0", False), ("192.168.1.5", False), ("127.0.0.1", True)):
+        with pytest.raises(UserError, match="--auth user:password"):
+            check_exposure(host, share, None, False)
+        check_exposure(host, share, ("u", "p"), False)
+        check_exposure(host, share, None, True)  # --insecure: the user said the network is trusted
+    assert auth_from_env(None, {"IMAGETUNE_AUTH": "ann:secret"}) == ("ann", "secret")
+    assert auth_from_env(("a", "b"), {"IMAGETUNE_AUTH": "ann:secret"}) == ("a", "b")
+    assert auth_from_env(None, {}) is None
+    with pytest.raises(UserError):
+        parse_auth("nopassword")
+
+
+def test_main_refuses_an_exposed_host_without_auth_before_building_anything(monkeypatch, tmp_path):
+    import app.main
+
+    monkeypatch.delenv("IMAGETUNE_AUTH", raising=False)
+    with pytest.raises(UserError, match="Refusing"):
+        app.main.main(host="0.0.0.0", port=1, runs_dir=tmp_path / "runs")
+    assert not (tmp_path / "runs").exists()
+    result = subprocess.run([sys.executable, "launch.py", "--host", "0.0.0.0", "--runs-dir", str(tmp_path / "r")],
+                            cwd=REPO, capture_output=True, text=True, timeout=120,
+                            env={k: v for k, v in os.environ.items() if k != "IMAGETUNE_AUTH"})
+    assert result.returncode == 2 and "--auth" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_workspace_confinement_rejects_paths_outside_the_root(tmp_path):
+    root = tmp_path / "workspace"
+    (root / "data").mkdir(parents=True)
+    (root / "escape").symlink_to("/etc")
+    ws = Workspace(root, confined=True)
+    assert ws.problem("data.path", str(root / "data")) is None
+    assert "outside the workspace" in ws.problem("data.path", "/etc")
+    assert "outside the workspace" in ws.problem("data.path", str(root / "data" / ".." / ".."))
+    assert "outside the workspace" in ws.problem("data.path", str(root / "escape"))  # symlinks are followed
+    assert ws.problem("model.path", "stable-diffusion-v1-5/stable-diffusion-v1-5") is None  # a hub id
+    assert ws.problem("model.path", "demo://tiny-sd") is None
+    with pytest.raises(UserError):
+        ws.check("data.path", "/etc")
+    assert Workspace(root, confined=False).problem("data.path", "/etc") is None  # local use: any path
+    check = check_values({**demo_values(), "data.path": "/etc"}, CPU, ws)
+    assert "outside the workspace" in check.error_text("data.path") and not check.ok
+    assert Workspace.for_server("0.0.0.0", False, root).confined
+    assert not Workspace.for_server("127.0.0.1", False, root).confined
+
+
+def test_runs_are_only_addressed_inside_the_runs_folder(tmp_path):
+    from app.jobs import HardwareCache, Jobs
+
+    jobs = Jobs(tmp_path / "runs", HardwareCache(hw=CPU))
+    write_run(tmp_path / "runs", "r", [PLAN, {"type": "stopped", "step": 1, "checkpoint": None}])
+    (tmp_path / "outside").mkdir()
+    for name in ("../outside", "", "/etc", "nope"):
+        with pytest.raises(UserError):
+            jobs.run_dir(name)
+    running = write_run(tmp_path / "runs", "busy", [PLAN], pid=os.getpid())
+    with pytest.raises(UserError, match="still running"):
+        jobs.delete("busy")
+    jobs.delete("r")
+    assert not (tmp_path / "runs" / "r").exists() and running.exists()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The UI process stays torch-free, and the page builds
+
+
+def test_the_ui_never_imports_torch():
+    code = ("import sys, app.main, app.ui, app.jobs, app.runs, app.dataset_check; "
+            "print(','.join(m for m in ('torch', 'diffusers', 'transformers', 'accelerate') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == ""
+
+
+def test_the_page_builds_with_every_part(tmp_path):
+    from app.jobs import HardwareCache
+    from app.security import Workspace
+    from app.ui import build_ui, make_context
+
+    ctx = make_context(tmp_path / "runs", tmp_path / "home", Workspace(tmp_path), HardwareCache(hw=CPU))
+    blocks = build_ui(ctx)
+    ids = {getattr(b, "elem_id", None) for b in blocks.blocks.values()}
+    for elem_id in ("preset", "plan-line", "start-button", "yaml-editor", "run-select", "run-progress", "loss-plot",
+                    "lr-plot", "samples-latest", "samples-all", "stop-button", "resume-button", "delete-button",
+                    "run-outputs", "run-log", "dataset-path", "dataset-gallery", "field-train-lr", "err-train-lr"):
+        assert elem_id in ids, elem_id

@@ -1,0 +1,187 @@
+"""What SD3/3.5 and FLUX.1 share: a diffusers pipeline with a transformer trained by flow matching, frozen text
+encoders, LoRA on the transformer. The data side (scan, VAE latent cache, prior preservation, per-position
+randomness) is the SD family's, inherited; the maths is `flow_matching`. Subclasses say how to encode captions,
+how to call the transformer, which layers get LoRA, and the timestep shift.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+from trainer.data.images import torch_generator
+from trainer.data.stream import position_seed
+from trainer.errors import UserError
+from trainer.families import flow_matching as fm
+from trainer.families.sd import StableDiffusionFamily
+from trainer.precision import frozen_dtype
+
+
+class FlowMatchingFamily(StableDiffusionFamily):
+    pipeline_class = None  # FluxPipeline / StableDiffusion3Pipeline
+    text_encoder_names: tuple[str, ...] = ()
+    t5_name = ""  # the T5 encoder's pipeline attribute (kept fp32 under fp16: T5 overflows)
+
+    # ---- models -------------------------------------------------------------------------------------------
+    def load(self) -> None:
+        cfg, device, plan = self.cfg, self.ctx.device, self.ctx.plan
+        if cfg.method != "lora":
+            raise UserError(f"model.family={self.name} supports method=lora only (full fine-tunes need FSDP, "
+                            "which this trainer does not do yet)")
+        if cfg.lora.train_text_encoder:
+            raise UserError(f"model.family={self.name}: LoRA on the text encoders is not supported; set "
+                            "lora.train_text_encoder=false")
+        if cfg.prior.enabled:
+            raise UserError(f"model.family={self.name}: prior preservation is not supported yet; set prior.enabled=false")
+        self.pipe = self._load_pipeline()
+        self.transformer, self.vae = self.pipe.transformer, self.pipe.vae
+        self.text_encoders = [getattr(self.pipe, n) for n in self.text_encoder_names]
+        self.text_encoder = self.text_encoders[0]  # the SD family's attribute (only used in train/eval switches)
+        self.train_text_encoder = False
+        self.scheduler_config = dict(self.pipe.scheduler.config)
+        self.prediction_type = "flow_matching"
+        for module in (self.transformer, self.vae, *self.text_encoders):
+            module.requires_grad_(False)
+            module.eval()
+        base_dtype = frozen_dtype(plan.precision, cfg.method)
+        # fp16 turns FLUX/SD3 losses into NaN (sd-scripts #1571, #1407): VAE and T5 stay fp32 under fp16.
+        self.vae.to(device, dtype=torch.float32 if plan.precision == "fp16" else base_dtype)
+        self.transformer.to(device, dtype=base_dtype)
+        for name, te in zip(self.text_encoder_names, self.text_encoders):
+            te.to(device, dtype=torch.float32 if plan.precision == "fp16" and name == self.t5_name else base_dtype)
+
+        from peft import LoraConfig
+
+        self.lora_targets = self.lora_target_paths()
+        if not self.lora_targets:
+            raise UserError(f"flow.lora_targets={list(cfg.flow.lora_targets)} with flow.lora_blocks="
+                            f"{cfg.flow.lora_blocks} selects no layer of this transformer")
+        torch.manual_seed(cfg.seed)  # identical adapter init on every rank and every world size
+        self.transformer.add_adapter(LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+                                                init_lora_weights="gaussian", target_modules=self.lora_targets))
+        for p in self.transformer.parameters():
+            if p.requires_grad:
+                p.data = p.data.float()  # trained weights stay fp32 whatever the precision
+        if cfg.train.gradient_checkpointing:
+            self.transformer.enable_gradient_checkpointing()
+        self.transformer.train()
+        self.unet = self.transformer  # the SD family's name for the trained network
+        self.text_embeddings: dict[str, dict[str, torch.Tensor]] = {}
+
+    def _load_pipeline(self):
+        model = self.cfg.model
+        local = Path(model.path).expanduser()
+        try:
+            return self.pipeline_class.from_pretrained(str(local) if local.exists() else model.path,
+                                                       torch_dtype=torch.float32, revision=model.revision,
+                                                       variant=model.variant)
+        except (OSError, ValueError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise UserError(f"Could not load the {self.name} model at model.path '{model.path}': {first}. Give a "
+                            "diffusers folder (model_index.json, transformer/, vae/, text encoders, tokenizers) or "
+                            "a hub id with network access.") from None
+
+    def default_lora_targets(self) -> dict[str, tuple[str, ...]]:
+        """{block list attribute: layer names inside one block}."""
+        raise NotImplementedError
+
+    def lora_target_paths(self) -> list[str]:
+        """Full module paths of the Linear layers that get LoRA (exact, so 'proj_out' never hits the final layer)."""
+        wanted = self.default_lora_targets()
+        if self.cfg.flow.lora_targets:
+            wanted = {blocks: tuple(self.cfg.flow.lora_targets) for blocks in wanted}
+        paths = []
+        for name, module in self.transformer.named_modules():
+            match = re.fullmatch(r"([a-z_]+)\.(\d+)\.(.+)", name)
+            if match and isinstance(module, torch.nn.Linear) and match.group(3) in wanted.get(match.group(1), ()):
+                paths.append(name)
+        return paths
+
+    def trainable_modules(self) -> list[torch.nn.Module]:
+        return [self.transformer]
+
+    def param_groups(self) -> list[dict]:
+        return [{"params": [p for p in self.transformer.parameters() if p.requires_grad], "lr": self.cfg.train.lr}]
+
+    def _named_trainable(self):
+        for name, p in self.transformer.named_parameters():
+            if p.requires_grad:
+                yield f"transformer.{name}", p
+
+    # ---- text ---------------------------------------------------------------------------------------------
+    def max_sequence_length(self) -> int:
+        raise NotImplementedError
+
+    def encode_caption(self, caption: str) -> dict[str, torch.Tensor]:
+        """The frozen encoders' outputs for one caption (batch dimension 1), on the device."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def _text(self, captions: list[str]) -> dict[str, torch.Tensor]:
+        """Batched text conditioning. Encoders are frozen, so each caption is encoded once per run (in memory)."""
+        for caption in captions:
+            if caption not in self.text_embeddings:
+                self.text_embeddings[caption] = {k: v.detach() for k, v in self.encode_caption(caption).items()}
+        return {k: torch.cat([self.text_embeddings[c][k] for c in captions]) for k in self.text_embeddings[captions[0]]}
+
+    # ---- loss ---------------------------------------------------------------------------------------------
+    def shift(self, latent_shape: tuple[int, ...]) -> float:
+        return float(self.cfg.flow.shift) if self.cfg.flow.shift else float(self.scheduler_config.get("shift", 1.0))
+
+    def forward(self, model, noisy: torch.Tensor, sigmas: torch.Tensor, text: dict) -> torch.Tensor:
+        """The transformer's velocity prediction, in the latents' (B, C, H, W) layout."""
+        raise NotImplementedError
+
+    def _diffusion_loss(self, rows, *, stream: int) -> torch.Tensor:
+        cfg, flow, device = self.cfg, self.cfg.flow, self.ctx.device
+        vae = self.vae.config
+        latents, noises, sigmas, captions = [], [], [], []
+        for position, epoch, image_index, expanded_index, kind in rows:
+            mean, std = self._latent_dist(image_index, epoch, expanded_index, kind)
+            gen = torch_generator(position_seed(cfg.seed, position, stream))
+            eps, sigma, noise = fm.draw_sample(gen, tuple(mean.shape), scheme=flow.timestep_sampling,
+                                               logit_mean=flow.logit_mean, logit_std=flow.logit_std,
+                                               shift=self.shift(tuple(mean.shape)))
+            latents.append((mean + std * eps - (vae.shift_factor or 0.0)) * vae.scaling_factor)
+            noises.append(noise)
+            sigmas.append(sigma)
+            captions.append(self.images[image_index].caption if kind == "instance" else cfg.prior.class_prompt)
+        x0, noise = torch.stack(latents).to(device), torch.stack(noises).to(device)
+        sigmas = torch.tensor(sigmas, device=device, dtype=torch.float32)
+        noisy, target = fm.noisy_and_target(x0, noise, sigmas)
+        pred = self.forward(self.prepared[0], noisy.to(self.transformer.dtype), sigmas, self._text(captions))
+        return fm.per_sample_loss(pred, target, sigmas, flow.weighting)
+
+    # ---- samples and outputs ------------------------------------------------------------------------------
+    def pipeline(self):
+        return self.pipe
+
+    def sample_kwargs(self, negative_prompt: str) -> dict:
+        return {"max_sequence_length": self.max_sequence_length()}
+
+    @torch.no_grad()
+    def sample(self, prompts: list[str], seeds: list[int], *, size: int | None = None, steps: int = 25,
+               guidance_scale: float = 7.5, negative_prompt: str = ""):
+        pipe = self.pipe
+        pipe.set_progress_bar_config(disable=True)
+        size = size or self.cfg.data.resolution
+        self.transformer.eval()
+        images = []
+        try:
+            for prompt, seed in zip(prompts, seeds):
+                gen = torch.Generator(self.ctx.device).manual_seed(seed)
+                dtype = self.transformer.dtype
+                with torch.autocast(self.ctx.device.type, dtype=dtype, enabled=dtype != torch.float32):
+                    out = pipe(prompt, height=size, width=size, num_inference_steps=steps, generator=gen,
+                               guidance_scale=guidance_scale, **self.sample_kwargs(negative_prompt))
+                images.append(out.images[0])
+        finally:
+            self.transformer.train()
+        return images
+
+    def save_outputs(self, out_dir: Path, *, step: int) -> list[str]:
+        from trainer.families.flow_outputs import save_flow_lora
+
+        return save_flow_lora(self, out_dir, step=step)
