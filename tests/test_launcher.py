@@ -130,11 +130,11 @@ def test_prepare_writes_resolved_config_plan_and_plan_event_first(paths, monkeyp
 def test_demo_paths_are_resolved_under_the_runs_folder(paths, monkeypatch):
     calls = []
 
-    def fake_assets(root):
+    def fake_assets(root, names=None):
         calls.append(Path(root))
         return {"tiny-sd": paths / "model", "demo-data": paths / "data"}
 
-    monkeypatch.setattr("trainer.demo.ensure_demo_assets", fake_assets)
+    monkeypatch.setattr("trainer.runfolder.demo_assets", fake_assets)  # the real one builds in a child process
     config = make_config(paths, model={"path": "demo://tiny-sd"}, data={"path": "demo://demo-data"})
     run_dir, _ = prepare_run(config, paths / "runs", CPU2)
     saved = load_config(run_dir / "config.yaml")
