@@ -15,6 +15,7 @@ from app.security import Workspace
 from trainer.config import Config, load_config
 from trainer.errors import ConfigError, UserError
 from trainer.hardware import Hardware
+from trainer.model_size import trained_parameters
 from trainer.plan import Plan, make_plan
 
 # What the plan is made of: while one of these is wrong, no plan is shown.
@@ -88,7 +89,8 @@ def check_values(values: dict, hardware: Callable[[Config], Hardware | None] | H
         result.waiting_for_hardware = True
         return result
     try:
-        result.plan = make_plan(config, hw)
+        result.plan = make_plan(config, hw, trained_parameters(config.model.family, config.model.path)
+                                if config.method == "full" else None)
     except ConfigError as exc:
         for problem in exc.problems:
             result.add(problem)

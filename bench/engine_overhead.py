@@ -3,21 +3,27 @@
 
     python bench/engine_overhead.py [--steps 60] [--warmup 10] [--devices cpu:1] [--repeats 3] [--json FILE]
 
-Both sides train the offline demo model (`demo://tiny-sd`, a ~1M-parameter SD 1.x UNet) on the demo dataset
+All loops train the offline demo model (`demo://tiny-sd`, a ~1M-parameter SD 1.x UNet) on the demo dataset
 with the settings of presets/demo.yaml (LoRA rank 8 on to_q/k/v/out.0, batch 4 = per_device 2 x accumulation 2
 on one process, AdamW lr 1e-3, cosine with warmup, gradient clipping 1.0, cached VAE latents with flips,
 fp32 on CPU / bf16 autocast on GPU), for warm-up + N optimizer steps, with no samples and no checkpoints
-during training. Each side runs in fresh processes, alternating engine / plain on every repeat:
+during training. Each loop runs in fresh processes, the order rotating every repeat:
 
 - engine: `trainer.launcher.prepare_run` + `start_run` -> torchrun -> the worker (`trainer.worker.main`,
-  run through bench/_common.py, which only adds a line writing the worker's peak memory when it exits).
+  run through bench/_common.py, which only adds clock reads at each `progress` event and a report of the
+  worker's peak memory when it exits).
   Throughput comes from the `progress` events' timestamps (steps warmup .. warmup+N).
 - plain: this file with `--role plain`: diffusers components, `unet.add_adapter(peft.LoraConfig(...))`,
   latents encoded once, one torch generator for all noise, `accelerator.accumulate`, AdamW. Nothing else.
+  Started by plain `python`.
+- plain+ddp (one process only): the same plain loop started by torchrun, where accelerate (like in the engine)
+  creates a 1-rank process group and wraps the model in DDP.
 
-Peak memory: on CPU the worker's peak RSS (getrusage in the worker; the launcher also polls VmHWM of torchrun's
-children as a cross-check); on CUDA `torch.cuda.max_memory_allocated()` in the worker. Startup (spawn of the
-launching process to the end of the first optimizer step) is reported on its own: it is mostly imports.
+Peak memory: on CPU the training process's peak RSS (its own VmRSS sampled every 50 ms and its VmHWM, the
+larger; the launcher also polls the worker's VmHWM as a cross-check); on CUDA `torch.cuda.max_memory_allocated()`
+in the training process. CPU time per step (all threads of the training process) is reported next to wall-clock
+time: on a shared machine it is the steadier of the two. Startup (spawn of the launching process to the end of the first optimizer step) is reported on its
+own, split into launcher / torchrun / imports / setup: it is mostly imports.
 
 `--breakdown` (on by default) also times, in this process, the per-sample and per-step pieces of work the engine
 does that the plain loop does not, to explain the difference.
@@ -40,7 +46,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from bench._common import (  # noqa: E402
-    cpu_seconds, descendants, fmt, usage_mark, markdown_table, max_rss_mb, median, memory_report, vm_hwm_mb,
+    cpu_seconds, descendants, fmt, markdown_table, median, memory_report, start_rss_sampler, usage_mark, vm_hwm_mb,
 )
 
 PRESET = REPO_ROOT / "presets" / "demo.yaml"
@@ -48,7 +54,7 @@ WORKER = "bench._common"  # trainer.worker.main + a peak-memory record
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Configuration shared by both sides
+# Configuration shared by all loops
 
 
 def engine_config(args, assets: dict[str, Path]):
@@ -104,11 +110,12 @@ def engine_role(args) -> dict:
     hwm: dict[int, float] = {}
     names: dict[int, str] = {}
     torchrun_cpu: list[tuple[float, float]] = []  # (wall time, torchrun's own CPU seconds)
+    report = run_dir / "bench-memory-rank0.json"  # written when main() returns, before interpreter teardown
     while proc.poll() is None:
         used = cpu_seconds(proc.pid)
         if used is not None:
             torchrun_cpu.append((time.time(), used))
-        for pid in descendants(proc.pid):
+        for pid in [] if report.exists() else descendants(proc.pid):
             value = vm_hwm_mb(pid)
             if value is not None:
                 hwm[pid] = max(hwm.get(pid, 0.0), value)
@@ -117,7 +124,7 @@ def engine_role(args) -> dict:
                         names[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
                     except OSError:
                         names[pid] = "?"
-        time.sleep(0.5)  # a cross-check only (the worker reports its own peak): keep the poll cheap
+        time.sleep(0.2)  # a cross-check only (the worker samples its own RSS): keep the poll cheap
     workers = [pid for pid in hwm if WORKER in names.get(pid, "")]
     final = proc.wait()
     t_exit = time.time()
@@ -130,7 +137,7 @@ def engine_role(args) -> dict:
     if final["type"] != "done" or len(progress) != plan.steps:
         log = (run_dir / "train.log").read_text(errors="replace")[-3000:]
         raise SystemExit(f"the engine run did not finish ({final}):\n{log}")
-    memory = json.loads((run_dir / "bench-memory-rank0.json").read_text())
+    memory = json.loads(report.read_text())
     times = [e["time"] for e in progress]
     result.update(
         times=times, cpu_times=memory.get("cpu_marks"), usage=memory.get("usage_marks"), reported_samples_per_s=progress[-1]["samples_per_s"], startup_s=times[0] - t_spawn,
@@ -166,6 +173,7 @@ def _share(samples: list[tuple[float, float]]) -> float | None:
 
 def plain_role(args) -> dict | None:
     t_spawn = float(args.t_spawn)
+    start_rss_sampler()
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -271,7 +279,6 @@ def plain_role(args) -> dict | None:
         times.append(time.time())
         cpu_times.append(time.process_time())
         usage.append(usage_mark())
-    final_loss = float(loss.detach())  # noqa: F841  (keeps the last step honest on lazy devices)
     acc.wait_for_everyone()
     if not acc.is_main_process:
         return None
@@ -303,11 +310,12 @@ def breakdown(config, plan, warmup_calls: int = 200, calls: int = 2000) -> list[
     losses = [torch.tensor(0.5)] * plan.accumulation
     seed = config.seed
 
-    def per_sample_draws(i=[0]):
+    counter = iter(range(10**9))
+
+    def per_sample_draws():
         # What StableDiffusionFamily._diffusion_loss does per sample before the batched maths: the stream
-        # position -> item, the flip coin, a generator and its three draws, then the stack and the copy.
-        i[0] += 1
-        pos = i[0]
+        # position -> item, the flip coin, a generator and its three draws.
+        pos = next(counter)
         epoch, idx = stream.item(pos)
         sample_rng(seed, epoch, idx).random()
         gen = torch_generator(position_seed(seed, pos, 0))
@@ -363,7 +371,7 @@ def spawn(role: str, args, extra: list[str], *, env: dict, torchrun_procs: int =
         cmd = [sys.executable] + base
     # The spawn time is passed on the command line, so it is taken just before Popen.
     cmd[cmd.index("--t-spawn") + 1] = repr(time.time())
-    done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
     try:
         if done.returncode != 0:
             raise SystemExit(f"{role} run failed (exit {done.returncode}):\n{done.stdout[-4000:]}")
@@ -393,18 +401,18 @@ def usage_per_step(run: dict, warmup: int) -> list[float] | None:
 def summarise(name: str, runs: list[dict], warmup: int) -> dict:
     rates = [rate(r["times"], warmup, r["total"]) for r in runs]
     cpu = [cpu_ms_per_step(r, warmup) for r in runs]
+    usage = [u for u in (usage_per_step(r, warmup) for r in runs) if u]
     return {
         "loop": name,
         "samples_per_s": median([r[0] for r in rates]),
         "step_ms": median([r[1] for r in rates]),
         "best_step_ms": min(r[1] for r in rates),
         "cpu_ms_per_step": median(cpu),
-        "user_ms_per_step": median([u[0] for u in map(lambda r: usage_per_step(r, warmup), runs) if u]),
-        "system_ms_per_step": median([u[1] for u in map(lambda r: usage_per_step(r, warmup), runs) if u]),
-        "minor_faults_per_step": median([u[2] for u in map(lambda r: usage_per_step(r, warmup), runs) if u]),
-        "preemptions_per_step": median([u[3] for u in map(lambda r: usage_per_step(r, warmup), runs) if u]),
-        "voluntary_switches_per_step": median([u[4] for u in map(lambda r: usage_per_step(r, warmup), runs)
-                                           if u and len(u) > 4]),
+        "user_ms_per_step": median([u[0] for u in usage]),
+        "system_ms_per_step": median([u[1] for u in usage]),
+        "minor_faults_per_step": median([u[2] for u in usage]),
+        "preemptions_per_step": median([u[3] for u in usage]),
+        "voluntary_switches_per_step": median([u[4] for u in usage if len(u) > 4]),
         "samples_per_s_all": [round(r[0], 2) for r in rates],
         "step_ms_all": [round(r[1], 1) for r in rates],
         "cpu_ms_per_step_all": [round(c, 1) if c is not None else None for c in cpu],
@@ -430,7 +438,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="engine/plain pairs; the median is reported")
     p.add_argument("--work-dir", default=str(REPO_ROOT / ".cache" / "bench"),
                    help="demo assets and run folders (default .cache/bench, git-ignored)")
-    p.add_argument("--threads", type=int, help="OMP_NUM_THREADS for both sides (default: the engine's choice, "
+    p.add_argument("--threads", type=int, help="OMP_NUM_THREADS for all loops (default: the engine's choice, "
                    "cores / processes)")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--no-breakdown", action="store_true", help="skip timing the engine's per-sample pieces")
@@ -438,7 +446,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-ddp-variant", action="store_true",
                    help="on one process, skip the plain loop launched under torchrun (1-rank DDP, like the engine)")
     p.add_argument("--name", default="bench-engine", help=argparse.SUPPRESS)
-    p.add_argument("override", nargs="*", help="extra KEY=VALUE preset overrides for both sides")
+    p.add_argument("override", nargs="*", help="extra KEY=VALUE preset overrides for all loops")
     p.add_argument("--role", choices=("engine", "plain"), help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     p.add_argument("--t-spawn", help=argparse.SUPPRESS)
@@ -502,7 +510,7 @@ def main(argv=None) -> int:
                   f"preemptions, {fmt(u[4], 1)} voluntary switches, all threads)  startup {r['startup_s']:.1f} s", flush=True)
 
     summary = {name: summarise(name, runs[name], args.warmup) for name in loops}
-    eng, pln = summary["engine"], summary["plain"]
+    eng = summary["engine"]
 
     def pct(a, b):
         return 100 * (a / b - 1) if a is not None and b else None

@@ -22,7 +22,7 @@ forward FLOPs are counted with torch.utils.flop_counter.FlopCounterMode on one f
 convolutions and attention; not elementwise ops). Two MFU columns:
 - `MFU 3x`: training FLOPs = 3 x forward (the usual convention: backward ~ 2 x forward);
 - `MFU counted`: the FLOPs of one real forward + backward counted the same way (about 3x forward for full
-  fine-tuning; about 2x for LoRA, whose frozen weights need no weight gradients).
+  fine-tuning; about 2.3x for LoRA, whose frozen weights need input gradients but no weight gradients).
 With gradient checkpointing the recomputed forward is extra work that is not counted as useful, so MFU drops
 even at equal hardware utilisation. Exit status: 0, or 2 without CUDA (unless --dry-run-cpu).
 """

@@ -92,3 +92,56 @@ def test_plan_line_and_event():
     assert event["devices"] == [0, 1] and event["world_size"] == 2
     multi = plan(AMPERE_X4, devices=4, batch__total=16, distributed__nodes=2)
     assert multi.world_size == 8 and multi.line().startswith("2 nodes x 4 processes x 1 per device x accumulation 2")
+
+
+# ---- FSDP: chosen when a full fine-tune's weights + gradients + optimizer state would not fit ------------------
+
+GPUS_24GB_X4 = Hardware(gpu_count=4, gpu_names=("RTX 4090",) * 4, gpu_memory_gb=(24.0,) * 4, bf16=True)
+GPUS_80GB_X2 = Hardware(gpu_count=2, gpu_names=("H100",) * 2, gpu_memory_gb=(80.0,) * 2, bf16=True)
+
+
+def sized_plan(hw, parameters, *overrides):
+    return make_plan(load_config(None, list(overrides), check_paths=False), hw, parameters)
+
+
+def test_auto_sharding_uses_fsdp_only_for_full_finetunes_that_do_not_fit():
+    sdxl, sd15 = 2.57e9, 0.86e9  # x 16 bytes (fp32 weight + gradient + AdamW): 41 GB and 14 GB
+    big = sized_plan(GPUS_24GB_X4, int(sdxl), "model.family=sdxl", "method=full", "batch.total=4")
+    assert big.sharding == "fsdp" and big.line().endswith("· bf16 · sdpa · fsdp · gpu 0,1,2,3")
+    assert any("about 38 GB" in note and "4 processes" in note for note in big.notes), big.notes
+    assert sized_plan(GPUS_24GB_X4, int(sd15), "method=full", "batch.total=4").sharding == "ddp"  # fits
+    assert sized_plan(GPUS_80GB_X2, int(sdxl), "model.family=sdxl", "method=full").sharding == "ddp"
+    assert sized_plan(GPUS_24GB_X4, int(sdxl), "model.family=sdxl", "method=lora").sharding == "ddp"
+    one = sized_plan(GPUS_24GB_X4, int(sdxl), "model.family=sdxl", "method=full", "devices=1")
+    assert one.sharding == "ddp" and any("expect out-of-memory" in note for note in one.notes)
+    assert "fsdp" not in one.line()
+
+
+def test_fsdp_is_refused_where_it_cannot_work():
+    with pytest.raises(ConfigError) as err:
+        sized_plan(CPU, None, "devices=cpu:2", "method=lora", "distributed.sharding=fsdp", "batch.total=2")
+    assert "fsdp is for full fine-tunes" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        sized_plan(CPU, None, "devices=cpu:2", "method=full", "full.ema=true", "distributed.sharding=fsdp",
+                   "batch.total=2")
+    assert "full.ema" in str(err.value)
+    assert sized_plan(CPU, None, "devices=cpu:2", "method=full", "distributed.sharding=fsdp",
+                      "batch.total=2").sharding == "fsdp"
+
+
+def test_model_size_is_read_from_the_safetensors_headers(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from trainer.model_size import PUBLISHED_PARAMETERS, trained_parameters
+
+    (tmp_path / "transformer").mkdir()
+    save_file({"a.weight": torch.zeros(3, 5), "b.bias": torch.zeros(7)}, str(tmp_path / "transformer" / "x.safetensors"))
+    save_file({"c.weight": torch.zeros(2, 2, dtype=torch.bfloat16)}, str(tmp_path / "transformer" / "y.safetensors"))
+    assert trained_parameters("flux", str(tmp_path)) == 15 + 7 + 4
+    assert trained_parameters("flux", "black-forest-labs/FLUX.1-dev") == PUBLISHED_PARAMETERS["flux"]
+    assert trained_parameters("sd3", "stabilityai/stable-diffusion-3.5-large") == 8.06e9
+    single = tmp_path / "model.safetensors"
+    save_file({"model.diffusion_model.x": torch.zeros(10), "first_stage_model.y": torch.zeros(99)}, str(single))
+    assert trained_parameters("sd", str(single)) == 10
+    assert trained_parameters("detection", str(tmp_path)) is None

@@ -36,9 +36,9 @@ CPU_ONLY = Hardware()
 
 
 def _importable(name: str) -> bool:
-    if importlib.util.find_spec(name) is None:
-        return False
     try:
+        if importlib.util.find_spec(name) is None:  # raises for "pkg.mod" when pkg itself is missing
+            return False
         importlib.import_module(name)
         return True
     except Exception:  # a wheel built for another torch fails at import: treat it as absent

@@ -16,6 +16,8 @@ torch-free. Folder details live in trainer.runfolder, resume checks in trainer.r
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
 import os
 import subprocess
@@ -42,6 +44,20 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 WORKER_MODULE = "trainer.worker"
 
 
+@functools.lru_cache(maxsize=None)
+def _torchrun_has(flag: str) -> bool:
+    """Whether this torch's torchrun takes `flag` (some are newer than torch 2.11), read from its source file:
+    asking `torchrun --help` or importing torch would cost seconds in a process that stays torch-free."""
+    spec = importlib.util.find_spec("torch")  # a top-level name: found without importing it
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    run_py = Path(list(spec.submodule_search_locations)[0]) / "distributed" / "run.py"
+    try:
+        return f'"{flag}"' in run_py.read_text(errors="replace")
+    except OSError:
+        return False
+
+
 def _probe(hw: Hardware | None, config: Config) -> Hardware:
     if hw is not None:
         return hw
@@ -58,21 +74,25 @@ def _probe(hw: Hardware | None, config: Config) -> Hardware:
 
 def plan_for(config: Config, hw: Hardware | None = None) -> Plan:
     """The plan of `config` on this machine (or on `hw`); raises ConfigError. Creates nothing."""
-    return make_plan(config, _probe(hw, config))
+    from trainer.model_size import trained_parameters
+
+    hw = _probe(hw, config)
+    parameters = trained_parameters(config.model.family, config.model.path) if config.method == "full" else None
+    return make_plan(config, hw, parameters)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Preparing a run folder
 
 
-def check_data(config: Config) -> None:
+def check_data(config: Config):
     """Scan the dataset before any process starts: a dataset that cannot train is the user's mistake to
     report now (exit 2, nothing created), not a failed run a minute later. Each family has its own torch-free
     check (trainer.families.data_check: captioned images, detection annotations...). Per-file warnings (corrupt
     files, missing captions, bad boxes) come from the workers as `warning` events."""
     from trainer.families import data_check
 
-    data_check(config.model.family)(config)
+    return data_check(config.model.family)(config)  # the scan of captioned images (for the plan's buckets)
 
 
 def prepare_run(config: Config, runs_dir: str | Path, hw: Hardware | None = None) -> tuple[Path, Plan]:
@@ -85,7 +105,7 @@ def prepare_run(config: Config, runs_dir: str | Path, hw: Hardware | None = None
     check_run_name(config.name)
     plan = plan_for(config, hw)
     config = resolve_paths(config, runs_dir)
-    check_data(config)
+    plan = plan.with_buckets(config, check_data(config))
     run_dir = create_run_dir(runs_dir, config.name)
     write_atomic(run_dir / CONFIG_FILE, to_yaml(config))
     write_atomic(run_dir / PLAN_FILE, json.dumps(plan.event(), indent=2) + "\n")
@@ -127,7 +147,7 @@ def build_command(
         # Per-rank stdout/stderr files under logs/ (read back when a rank dies) and, through --tee, the same
         # lines on torchrun's console (-> train.log) prefixed with the global rank.
         "--log-dir", str(run_dir / LOGS_DIR), "--redirects", "3", "--tee", "3",
-        "--log-line-prefix-template", "[rank${rank}]: ",
+        *(["--log-line-prefix-template", "[rank${rank}]: "] if _torchrun_has("--log-line-prefix-template") else []),
         "--module", worker_module, str(run_dir),
     ]
     if resume is not None:

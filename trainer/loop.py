@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from trainer.data.stream import BatchStream, position_seed
 from trainer.precision import Amp
+from trainer.sharding import Sharding
 
 
 @dataclass
@@ -43,6 +44,8 @@ class Run:
     state: TrainState = field(default_factory=TrainState)
     phase: str = "starting"  # what the processes are doing: named in the failure if a collective times out
     ema: object = None
+    # FSDP or not (trainer.sharding); whole-weight work (samples, checkpoints, outputs) runs in `gathered()`
+    sharding: Sharding = field(default_factory=lambda: Sharding(False, lambda module: module))
 
     @property
     def rank(self) -> int:

@@ -28,6 +28,10 @@ class Plan:
     attention: str  # "sdpa" | "xformers"
     steps: int
     notes: tuple[str, ...] = field(default=())
+    sharding: str = "ddp"  # "ddp" | "fsdp" (trainer.sharding)
+    # Aspect-ratio buckets ((width, height, images), the fullest first) when data.bucketing is on; filled in by
+    # the launcher from the dataset scan (`with_buckets`), since the plan itself reads no files.
+    buckets: tuple[tuple[int, int, int], ...] = field(default=())
 
     @property
     def world_size(self) -> int:
@@ -40,10 +44,15 @@ class Plan:
         per_node = f"{self.processes_per_node} process{'es' if self.processes_per_node > 1 else ''}"
         head = f"{nodes}{per_node}" if self.nodes > 1 else f"{procs} process{'es' if procs > 1 else ''}"
         where = "cpu" if self.device == "cpu" else f"gpu {','.join(map(str, self.gpu_ids))}"
-        return (
+        line = (
             f"{head} x {self.per_device} per device x accumulation {self.accumulation} = batch {self.total}"
-            f" · {self.precision} · {self.attention} · {where}"
+            f" · {self.precision} · {self.attention}{' · fsdp' if self.sharding == 'fsdp' else ''} · {where}"
         )
+        if self.buckets:
+            from trainer.data.buckets import describe
+
+            line += f" · buckets {describe(self.buckets)}"
+        return line
 
     def event(self) -> dict:
         """The fields of the run's first event (`plan`)."""
@@ -53,6 +62,7 @@ class Plan:
             devices="cpu" if self.device == "cpu" else list(self.gpu_ids),
             line=self.line(),
             notes=list(self.notes),
+            buckets=[{"width": w, "height": h, "images": n} for w, h, n in self.buckets],
         )
         return data
 
@@ -62,7 +72,27 @@ class Plan:
         data = {k: event[k] for k in names if k in event}
         data["gpu_ids"] = tuple(data.get("gpu_ids", ()))
         data["notes"] = tuple(data.get("notes", ()))
+        data["buckets"] = tuple((b["width"], b["height"], b["images"]) for b in data.get("buckets", ()))
         return cls(**data)
+
+    def with_buckets(self, config: Config, scan) -> "Plan":
+        """This plan listing the aspect-ratio buckets of `scan` (trainer.data.scan) when data.bucketing is on, with
+        a note naming the buckets that hold fewer images than one step's batch."""
+        if not (config.data.bucketing and config.model.family != "detection" and getattr(scan, "items", None)):
+            return self
+        from dataclasses import replace
+
+        from trainer.data.buckets import BucketSpec, bucket_counts
+
+        spec = BucketSpec.from_config(config.data)
+        rows = tuple(bucket_counts([(i.width, i.height) for i in scan.items], spec))
+        expanded = bucket_counts([(i.width, i.height) for i in scan.items for _ in range(i.repeats)], spec)
+        small = [f"{w}x{h} ({n})" for w, h, n in expanded if n < self.total]
+        notes = self.notes
+        if small:
+            notes += (f"buckets with fewer images than batch {self.total} repeat some of them within a step: "
+                      f"{', '.join(small)}",)
+        return replace(self, buckets=rows, notes=notes)
 
 
 def resolve_batch(total: int, per_device: int, world_size: int) -> tuple[int, int, int, list[str]]:
@@ -93,8 +123,33 @@ def resolve_batch(total: int, per_device: int, world_size: int) -> tuple[int, in
     return total, per_device, per_rank // per_device, notes
 
 
-def make_plan(config: Config, hw: Hardware) -> Plan:
-    """The plan for `config` on `hw`; raises ConfigError listing everything that cannot work here."""
+def choose_sharding(config: Config, hw: Hardware, device: str, world: int,
+                    parameters: int | None) -> tuple[str, list[str]]:
+    """("ddp" | "fsdp", notes). `parameters`: the trained network's size (trainer.model_size), if known."""
+    from trainer.model_size import full_finetune_bytes
+
+    wanted = config.distributed.sharding
+    if wanted != "auto":
+        return wanted, []
+    if config.method != "full" or device != "cuda" or not parameters or not hw.gpu_memory_gb:
+        return "ddp", []
+    need_gb = full_finetune_bytes(parameters, config.train.optimizer) / 2**30
+    have_gb = min(hw.gpu_memory_gb)
+    if need_gb <= 0.8 * have_gb:
+        return "ddp", []
+    if world == 1:
+        return "ddp", [f"a full fine-tune of {parameters / 1e9:.1f} B parameters needs about {need_gb:.0f} GB for "
+                       f"weights, gradients and {config.train.optimizer} state, more than this GPU's {have_gb:.0f} "
+                       "GB: expect out-of-memory; use more GPUs (sharded with FSDP), train.optimizer=adamw8bit, "
+                       "or method=lora"]
+    return "fsdp", [f"sharding: fsdp, because a full fine-tune of {parameters / 1e9:.1f} B parameters needs about "
+                    f"{need_gb:.0f} GB for weights, gradients and {config.train.optimizer} state (more than 80% of "
+                    f"{have_gb:.0f} GB); sharded across {world} processes: about {need_gb / world:.0f} GB each"]
+
+
+def make_plan(config: Config, hw: Hardware, parameters: int | None = None) -> Plan:
+    """The plan for `config` on `hw`; raises ConfigError listing everything that cannot work here.
+    `parameters`: the size of the network a full fine-tune trains (trainer.model_size), for the FSDP choice."""
     problems: list[str] = []
     notes: list[str] = []
     try:
@@ -152,6 +207,15 @@ def make_plan(config: Config, hw: Hardware) -> Plan:
             f"batch.total: {total} is smaller than the {world} processes of this plan; each process needs at "
             f"least one sample per step: raise batch.total to {world} or more, or use fewer devices"
         )
+    sharding, sharding_notes = choose_sharding(config, hw, device, world, parameters)
+    notes += sharding_notes
+    if sharding == "fsdp":
+        if config.method != "full":
+            problems.append("distributed.sharding: fsdp is for full fine-tunes (method=full); a LoRA's base "
+                            "weights are frozen and small next to activations: use sharding=auto or ddp")
+        if config.full.ema:
+            problems.append("full.ema is not supported with distributed.sharding=fsdp yet: set full.ema=false, "
+                            "or sharding=ddp if the model fits on one GPU")
     if problems:
         raise ConfigError(problems, "the plan")
     total, per_device, accumulation, batch_notes = resolve_batch(total, per_device, world)
@@ -167,4 +231,5 @@ def make_plan(config: Config, hw: Hardware) -> Plan:
         attention=attention,
         steps=config.train.steps,
         notes=tuple(notes + batch_notes),
+        sharding=sharding,
     )

@@ -57,6 +57,18 @@ class Amp:
         self.overflow_steps = state.get("overflow_steps", 0)
 
 
+def store_base_weights(module: torch.nn.Module, base_weights: str, compute_dtype: torch.dtype) -> None:
+    """`model.base_weights: fp8`: the frozen network's weights stored in float8 e4m3 and upcast to `compute_dtype`
+    layer by layer around each forward (diffusers' layerwise casting; norms and embeddings stay as they are).
+    Call it after the last `.to(dtype)` and before adding LoRA: the adapter's own layers then stay fp32."""
+    if base_weights == "fp8":
+        # Convolutions stay as they are: under gradient checkpointing their recomputed forward saw the float8
+        # weight (torch's CheckpointError), Linear layers do not. UNets keep their ResNet convolutions in the
+        # plan's precision; transformers (FLUX, SD3) are nearly all Linear.
+        module.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=compute_dtype,
+                                        skip_modules_classes=(torch.nn.Conv2d,))
+
+
 def frozen_dtype(precision: str, method: str) -> torch.dtype:
     """dtype of the frozen base weights: low precision saves memory for LoRA; trained weights stay fp32."""
     if method == "lora" and precision in ("bf16", "fp16"):

@@ -36,10 +36,13 @@ def _write_samples(run, step: int, indexed) -> None:
 def draw_samples(run) -> None:
     step = run.state.step
     run.phase = f"rank 0 drawing samples at step {step}"
-    if run.accelerator.is_main_process:
-        samples = run.family.render_samples(step)
-        _write_samples(run, step, ((i, prompt, image) for i, (prompt, image) in enumerate(samples)))
-    run.accelerator.wait_for_everyone()
+    # FSDP: rank 0 samples with a gathered copy, in bf16 under a bf16 plan (FLUX: 24 GB, not 48 GB of fp32)
+    dtype = torch.bfloat16 if run.plan.precision == "bf16" else torch.float32
+    with run.sharding.gathered(run.accelerator.device, dtype):
+        if run.accelerator.is_main_process:
+            samples = run.family.render_samples(step)
+            _write_samples(run, step, ((i, prompt, image) for i, (prompt, image) in enumerate(samples)))
+        run.accelerator.wait_for_everyone()
 
 
 def evaluate(run) -> None:
@@ -55,13 +58,14 @@ def evaluate(run) -> None:
     metrics = hook(step)
     if metrics:
         run.events.emit("eval", step=step, **metrics)
-    if run.accelerator.is_main_process:
-        extra = getattr(run.family, "eval_samples", None)
-        if extra is not None:
-            _write_samples(run, step, extra(step))
-        if metrics:
-            keep_best(run, metrics)
-    run.accelerator.wait_for_everyone()
+    with run.sharding.gathered():
+        if run.accelerator.is_main_process:
+            extra = getattr(run.family, "eval_samples", None)
+            if extra is not None:
+                _write_samples(run, step, extra(step))
+            if metrics:
+                keep_best(run, metrics)
+        run.accelerator.wait_for_everyone()
 
 
 def _metadata(run, step: int) -> dict | None:
@@ -140,30 +144,37 @@ def check_ranks_in_sync(run) -> None:
 
 def save_run_checkpoint(run) -> None:
     step = run.state.step
-    check_ranks_in_sync(run)
-    run.phase = f"rank 0 writing the checkpoint of step {step}"
-    if run.accelerator.is_main_process:
-        state = {
-            "train_state": vars(run.state).copy(),
-            "optimizer": run.optimizer.state_dict(),
-            "scheduler": run.scheduler.state_dict(),
-            "amp": run.amp.state_dict(),
-            "ema": run.ema.state_dict() if run.ema is not None else None,
-        }
-        writers = {
-            "trainable.safetensors": lambda p: save_file(run.family.trainable_state(), str(p),
-                                                         metadata=_metadata(run, step)),
-            "training_state.pt": lambda p: torch.save(state, p),
-        }
-        try:
-            path = save_checkpoint(run.run_dir, step, writers, keep=run.config.checkpoint.keep,
-                                   info={"world_size": run.plan.world_size})
-            run.events.emit("checkpoint", step=step, path=str(path.relative_to(run.run_dir)))
-        except CheckpointWriteError as exc:
-            previous = latest_checkpoint(run.run_dir)
-            kept = f"the previous checkpoint {previous.path.name} is intact" if previous else "no earlier checkpoint exists"
-            run.events.emit("warning", step=step, message=f"{exc}; {kept}. Free some disk space.")
-    run.accelerator.wait_for_everyone()
+    if not run.sharding.enabled:  # under FSDP each rank holds its own shard by design
+        check_ranks_in_sync(run)
+    run.phase = f"writing the checkpoint of step {step}"
+    optimizer_state = run.sharding.optimizer_state(run.optimizer)  # FSDP: gathered from every rank
+    with run.sharding.gathered():
+        if run.accelerator.is_main_process:
+            _write_run_checkpoint(run, step, optimizer_state)
+        run.accelerator.wait_for_everyone()
+
+
+def _write_run_checkpoint(run, step: int, optimizer_state: dict) -> None:
+    state = {
+        "train_state": vars(run.state).copy(),
+        "optimizer": optimizer_state,
+        "scheduler": run.scheduler.state_dict(),
+        "amp": run.amp.state_dict(),
+        "ema": run.ema.state_dict() if run.ema is not None else None,
+    }
+    writers = {
+        "trainable.safetensors": lambda p: save_file(run.family.trainable_state(), str(p),
+                                                     metadata=_metadata(run, step)),
+        "training_state.pt": lambda p: torch.save(state, p),
+    }
+    try:
+        path = save_checkpoint(run.run_dir, step, writers, keep=run.config.checkpoint.keep,
+                               info={"world_size": run.plan.world_size})
+        run.events.emit("checkpoint", step=step, path=str(path.relative_to(run.run_dir)))
+    except CheckpointWriteError as exc:
+        previous = latest_checkpoint(run.run_dir)
+        kept = f"the previous checkpoint {previous.path.name} is intact" if previous else "no earlier checkpoint exists"
+        run.events.emit("warning", step=step, message=f"{exc}; {kept}. Free some disk space.")
 
 
 def load_run_checkpoint(run, folder) -> None:
@@ -171,7 +182,7 @@ def load_run_checkpoint(run, folder) -> None:
     modules, so this runs in two parts: `load_weights` first, then this."""
     state = torch.load(folder / "training_state.pt", map_location="cpu", weights_only=False)
     configured = list(run.scheduler.base_lrs)  # from this launch's config: a resume may change train.lr
-    run.optimizer.load_state_dict(state["optimizer"])
+    run.sharding.load_optimizer_state(run.optimizer, state["optimizer"])
     run.scheduler.load_state_dict(state["scheduler"])
     run.scheduler.base_lrs = configured
     with warnings.catch_warnings():

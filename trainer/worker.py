@@ -33,13 +33,14 @@ def setup(run_dir: Path, resume: Path | None):
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs
 
-    from trainer.data.stream import BatchStream
+    from trainer.data.stream import make_stream
     from trainer.families import get_family
     from trainer.families.base import WorkerContext
     from trainer.loop import Run
     from trainer.optim import build_optimizer, build_scheduler
     from trainer.precision import Amp
     from trainer.run_io import load_run_checkpoint, load_weights
+    from trainer.sharding import Sharding
     from trainer.stopping import StopRequest
 
     config = load_config(run_dir / "config.yaml", check_paths=False)
@@ -63,16 +64,23 @@ def setup(run_dir: Path, resume: Path | None):
 
     if plan.device == "cpu":
         torch.set_num_threads(max(1, torch.get_num_threads()))
+    else:
+        # cuDNN's fused attention (one of SDPA's backends) crashed FLUX's backward with an illegal memory access on
+        # an H200 (torch 2.11, cuDNN 9.19; bench/README.md); flash and memory-efficient attention are as fast.
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    sharding = Sharding(plan.sharding == "fsdp", acc.unwrap_model)
     ctx = WorkerContext(config=config, plan=plan, run_dir=run_dir, cache_dir=run_dir.parent / ".cache",
                         device=acc.device, rank=acc.process_index, world_size=acc.num_processes,
-                        accelerator=acc, log_warning=log_warning)
+                        accelerator=acc, log_warning=log_warning, unwrap=sharding.unwrap)
     family = get_family(config.model.family)(ctx)
     family.load()
     items = family.prepare_data()
-    stream = BatchStream(items, total=plan.total, per_device=plan.per_device, world_size=plan.world_size,
-                         seed=config.seed)
+    stream = make_stream(items, item_buckets=getattr(family, "item_buckets", None), total=plan.total,
+                         per_device=plan.per_device, world_size=plan.world_size, seed=config.seed)
     if resume:
         load_weights(family, resume)  # before DDP wraps the modules (DDP then broadcasts rank 0's weights)
+    if sharding.enabled:  # FSDP replaces the parameters by their shards: before the optimizer takes them
+        family.set_prepared(sharding.shard(family.trainable_modules()))
     optimizer = build_optimizer(family.param_groups(), config.train)
     scheduler = build_scheduler(optimizer, config.train)
     ema = None
@@ -80,15 +88,28 @@ def setup(run_dir: Path, resume: Path | None):
         from diffusers.training_utils import EMAModel
 
         ema = EMAModel([p for g in optimizer.param_groups for p in g["params"]], decay=config.full.ema_decay)
-    family.set_prepared(list(acc.prepare(*family.trainable_modules())) if len(family.trainable_modules()) > 1
-                        else [acc.prepare(family.trainable_modules()[0])])
+    if not sharding.enabled:
+        _frozen_weights_stay_local(family.trainable_modules())
+        family.set_prepared(list(acc.prepare(*family.trainable_modules())) if len(family.trainable_modules()) > 1
+                            else [acc.prepare(family.trainable_modules()[0])])
     run = Run(config=config, plan=plan, accelerator=acc, family=family, stream=stream, optimizer=optimizer,
               scheduler=scheduler, amp=Amp(plan.precision, acc.device.type), events=events, stop=stop,
-              run_dir=run_dir, ema=ema)
+              run_dir=run_dir, ema=ema, sharding=sharding)
     family.ema = ema
     if resume:
         load_run_checkpoint(run, resume)
     return run
+
+
+def _frozen_weights_stay_local(modules) -> None:
+    """DDP broadcasts every parameter from rank 0 when it wraps a module. The frozen ones were loaded from the same
+    files on every rank, so that is pure cost (FLUX: 24 GB at start-up), and gloo cannot send float8 at all
+    (`model.base_weights: fp8`): DDP is told to leave them alone. Trainable ones are still broadcast."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    for module in modules:
+        frozen = [name for name, p in module.named_parameters() if not p.requires_grad]
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, frozen)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,11 +136,12 @@ def main(argv: list[str] | None = None) -> int:
                         checkpoint=str(ckpt.path.relative_to(run_dir)) if ckpt else None)
             return 0
         outputs = []
-        if run.accelerator.is_main_process:
-            run.phase = "rank 0 writing the outputs"
-            outputs = run.family.save_outputs(run_dir / "output", step=run.state.step)
-            outputs = [os.path.relpath(p, run_dir) for p in outputs]
-        run.accelerator.wait_for_everyone()
+        with run.sharding.gathered():  # FSDP: every rank gathers the full weights; rank 0 writes them
+            if run.accelerator.is_main_process:
+                run.phase = "rank 0 writing the outputs"
+                outputs = run.family.save_outputs(run_dir / "output", step=run.state.step)
+                outputs = [os.path.relpath(p, run_dir) for p in outputs]
+            run.accelerator.wait_for_everyone()
         events.emit("done", step=run.state.step, outputs=outputs, overflow_steps=run.amp.overflow_steps,
                     nonfinite_steps=run.state.nonfinite_total)
         return 0

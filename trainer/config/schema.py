@@ -54,6 +54,16 @@ class ModelConfig:
     )
     revision: Optional[str] = key(None, "Hub revision (branch, tag or commit) of a hub model.")
     variant: Optional[str] = key(None, "Hub weight variant, e.g. `fp16`.")
+    base_weights: str = key(
+        "default",
+        "How a LoRA run stores the frozen network it adapts (UNet / transformer): `default` (the plan's precision: "
+        "bf16 or fp16 on GPUs, fp32 on the CPU) or `fp8` (float8 e4m3: half the memory of bf16, FLUX's transformer "
+        "12 GB instead of 24; each layer is upcast to the plan's precision for its own forward by diffusers' "
+        "layerwise casting, with a small loss of precision in the frozen weights). fp8 needs "
+        "train.gradient_checkpointing: without it every upcast weight is kept for the backward pass and nothing "
+        "is saved. (4-bit NF4 is not supported yet.)",
+        choices=("default", "fp8"),
+    )
 
 
 @dataclass
@@ -134,6 +144,19 @@ class DataConfig:
     center_crop: bool = key(True, "Center-crop to the resolution; false crops at random (disables latent caching).")
     flip: bool = key(False, "Randomly flip images horizontally (latents of both sides are cached).")
     cache_latents: bool = key(True, "Encode each image with the VAE once, not every step, when augmentation allows.")
+    bucketing: bool = key(
+        False,
+        "Aspect-ratio buckets (SDXL, SD3, FLUX, SD 1.x/2.x): train each image at the bucket shape nearest to its "
+        "own aspect ratio, all of about `resolution`² pixels (sides multiples of `data.bucket_step`), instead of "
+        "a center-cropped square. Every optimizer step's batch comes from one bucket; the plan lists the buckets.",
+    )
+    bucket_step: int = key(64, "Bucket sides are multiples of this many pixels (a multiple of 8; 64 suits every "
+                               "family: FLUX/SD3 need multiples of 16, SDXL's UNet 32).")
+    bucket_max_aspect: float = key(4.0, "Most elongated bucket allowed: long side / short side (4.0: 1:4 to 4:1).")
+    bucket_min_side: Optional[int] = key(None, "Smallest bucket side in pixels; unset: only `bucket_max_aspect` "
+                                               "limits it.")
+    bucket_max_side: Optional[int] = key(None, "Largest bucket side in pixels; unset: resolution x "
+                                               "sqrt(bucket_max_aspect).")
     cache_text_embeddings: Optional[bool] = key(
         None,
         "Encode each caption with the text encoders once (cached on disk), then move the frozen encoders off the "
@@ -257,11 +280,20 @@ class CheckpointConfig:
 
 @dataclass
 class DistributedConfig:
-    nodes: int = key(1, "Machines in the run (multi-node through torchrun's c10d rendezvous).")
+    nodes: int = key(1, "Machines in the run (multi-node through torchrun's static rendezvous: node 0 is rank 0).")
     node_rank: int = key(0, "This machine's index, 0 .. nodes-1 (node 0 writes the run folder).")
     master_addr: str = key("127.0.0.1", "Address of node 0, reachable from every node.")
     master_port: int = key(29500, "Rendezvous port on node 0 (multi-node only; single-node picks a free one).")
     timeout_s: int = key(1800, "Seconds a collective may wait before the run fails naming what it waited for.")
+    sharding: str = key(
+        "auto",
+        "How the processes share a full fine-tune: `ddp` (every GPU holds the whole model, gradients averaged), "
+        "`fsdp` (PyTorch FSDP2: weights, gradients and optimizer state sharded across the processes, for models "
+        "that do not fit on one GPU; samples and checkpoints gather the full weights), or `auto` (fsdp when a "
+        "full fine-tune's weights + gradients + AdamW state would not fit in 80% of one GPU's memory and there are "
+        "several GPUs; ddp otherwise, and always for LoRA).",
+        choices=("auto", "ddp", "fsdp"),
+    )
 
 
 @dataclass

@@ -102,6 +102,8 @@ def validate(config: Config, *, check_paths: bool = True) -> list[str]:
         p += detection_problems(config, check_paths=check_paths)
     elif res < 8 or res % 8:
         p.append(f"data.resolution: must be a multiple of 8 (the VAE downsamples by 8), got {res}")
+    if config.data.bucketing and not detection:
+        p += _bucket_problems(config)
     lora = config.lora
     if config.method == "lora":
         _positive(p, "lora.rank", lora.rank)
@@ -110,6 +112,13 @@ def validate(config: Config, *, check_paths: bool = True) -> list[str]:
             p.append(f"lora.dropout: must be in [0, 1), got {lora.dropout}")
         if not lora.unet_targets:
             p.append("lora.unet_targets: needs at least one module name, e.g. [to_q, to_k, to_v, to_out.0]")
+    if config.model.base_weights == "fp8":
+        if config.method != "lora" or detection:
+            p.append("model.base_weights: fp8 is for LoRA on the diffusion families (a full fine-tune trains every "
+                     "weight in fp32); set model.base_weights=default")
+        elif not config.train.gradient_checkpointing:
+            p.append("model.base_weights: fp8 saves memory only with train.gradient_checkpointing=true (otherwise "
+                     "each layer's upcast weights are kept for the backward pass): set it, or base_weights=default")
     if config.method == "full" and not 0 < config.full.ema_decay < 1:
         p.append(f"full.ema_decay: must be between 0 and 1, got {config.full.ema_decay}")
     _positive(p, "sample.every", config.sample.every, allow_zero=True)
@@ -151,4 +160,29 @@ def validate(config: Config, *, check_paths: bool = True) -> list[str]:
             p.append("data.path: is empty; set it to a folder of training images")
         elif not data.startswith(DEMO_SCHEME) and not Path(data).expanduser().is_dir():
             p.append(f"data.path: folder '{data}' does not exist; point it at a folder of images")
+    return p
+
+
+def _bucket_problems(config: Config) -> list[str]:
+    d, p = config.data, []
+    if d.bucket_step < 8 or d.bucket_step % 8:
+        p.append(f"data.bucket_step: must be a multiple of 8 (the VAE downsamples by 8), got {d.bucket_step}")
+    elif config.model.family in ("flux", "sd3") and d.bucket_step % 16:
+        p.append(f"data.bucket_step: {config.model.family} packs 2x2 latent patches, so bucket sides must be "
+                 f"multiples of 16; got {d.bucket_step} (64 is usual)")
+    if not d.bucket_max_aspect >= 1:
+        p.append(f"data.bucket_max_aspect: must be 1 or more (long side / short side), got {d.bucket_max_aspect}")
+    for name in ("bucket_min_side", "bucket_max_side"):
+        value = getattr(d, name)
+        if value is not None and (value < 8 or value % 8):
+            p.append(f"data.{name}: must be a positive multiple of 8, got {value}")
+    lo, hi = d.bucket_min_side, d.bucket_max_side
+    if lo is not None and hi is not None and lo > hi:
+        p.append(f"data.bucket_min_side ({lo}) is larger than data.bucket_max_side ({hi})")
+    if lo is not None and lo > d.resolution:
+        p.append(f"data.bucket_min_side: {lo} is larger than data.resolution {d.resolution}: no bucket fits")
+    if hi is not None and d.bucket_step > 0 and hi < d.resolution // d.bucket_step * d.bucket_step:
+        p.append(f"data.bucket_max_side: {hi} is smaller than data.resolution {d.resolution}: no square bucket")
+    if not p and d.resolution < d.bucket_step:
+        p.append(f"data.bucket_step: {d.bucket_step} is larger than data.resolution {d.resolution}")
     return p

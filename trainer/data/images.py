@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
+from trainer.data.buckets import cover_and_crop
 from trainer.data.scan import DatasetScan, ImageItem
 from trainer.errors import UserError
 
@@ -56,15 +57,17 @@ def _integer(rng: Rng, high: int) -> int:
 
 def load_image_tensor(
     item_path: str,
-    resolution: int,
+    resolution: int | tuple[int, int],
     *,
     crop: str = "center",
     flip: bool = False,
     rng: Optional[Rng] = None,
 ) -> torch.Tensor:
-    """Load an image as a float tensor of shape (3, resolution, resolution) with values in [-1, 1].
+    """Load an image as a float tensor of shape (3, resolution, resolution) with values in [-1, 1]; a
+    `(width, height)` resolution (an aspect-ratio bucket) gives (3, height, width).
 
-    The short side is resized to `resolution` (Lanczos), then a square is cropped (centered, or at an
+    The short side is resized to `resolution` (Lanczos; for a bucket: the image is resized to cover it, see
+    `trainer.data.buckets.cover_and_crop`), then a square (the bucket) is cropped (centered, or at an
     `rng`-chosen place), then it is mirrored when `flip` is on and `rng` says so. The flip coin is always drawn
     first, even when `flip` is off, so turning flipping on or off never changes which crop a sample gets, and
     `flip_drawn(rng)` on a fresh equal generator predicts it (the engine uses that for cached latents).
@@ -86,16 +89,15 @@ def load_image_tensor(
             f"or run the dataset check again to find all unreadable files."
         ) from exc
 
-    width, height = rgb.size
-    scale = resolution / min(width, height)
-    size = (max(resolution, round(width * scale)), max(resolution, round(height * scale)))
+    target = (resolution, resolution) if isinstance(resolution, int) else tuple(resolution)
+    size, (room_x, room_y) = cover_and_crop(*rgb.size, target)
     if size != rgb.size:
         rgb = rgb.resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0)
     if crop == "random":
-        left, top = _integer(rng, size[0] - resolution), _integer(rng, size[1] - resolution)
+        left, top = _integer(rng, room_x), _integer(rng, room_y)
     else:
-        left, top = (size[0] - resolution) // 2, (size[1] - resolution) // 2
-    rgb = rgb.crop((left, top, left + resolution, top + resolution))
+        left, top = room_x // 2, room_y // 2
+    rgb = rgb.crop((left, top, left + target[0], top + target[1]))
     if flipped:
         rgb = rgb.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
 
@@ -108,13 +110,13 @@ def flip_drawn(rng: Rng) -> bool:
     return _uniform(rng) < 0.5
 
 
-def _decode_at_least(img: Image.Image, resolution: int) -> None:
-    """Let JPEG decode at 1/2, 1/4 or 1/8 size when that still leaves the short side >= resolution: much faster."""
+def _decode_at_least(img: Image.Image, resolution) -> None:
+    """Let JPEG decode at 1/2, 1/4 or 1/8 size when that still covers the target size: much faster."""
     if img.format != "JPEG":
         return
-    width, height = img.size
-    scale = resolution / min(width, height)
-    img.draft("RGB", (max(1, round(width * scale)), max(1, round(height * scale))))
+    target = (resolution, resolution) if isinstance(resolution, int) else tuple(resolution)
+    size, _ = cover_and_crop(*img.size, target)
+    img.draft("RGB", (max(1, size[0]), max(1, size[1])))
 
 
 def _to_rgb(img: Image.Image) -> Image.Image:

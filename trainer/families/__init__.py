@@ -25,16 +25,20 @@ def family_names() -> tuple[str, ...]:
 
 
 def check_captioned_images(config) -> None:
-    """The diffusion families' check: a folder of images with captions (trainer.data.scan)."""
+    """The diffusion families' check: a folder of images with captions (trainer.data.scan). Returns the scan
+    (the launcher lists its aspect-ratio buckets in the plan)."""
     from trainer.data.scan import require_usable, scan_dataset
 
     data = config.data
-    require_usable(scan_dataset(data.path, instance_prompt=data.instance_prompt,
-                                caption_extension=data.caption_extension, resolution=data.resolution))
+    scan = scan_dataset(data.path, instance_prompt=data.instance_prompt, caption_extension=data.caption_extension,
+                        resolution=data.resolution)
+    require_usable(scan)
+    return scan
 
 
 def data_check(name: str):
-    """The torch-free data check of family `name`: a callable(config) raising UserError."""
+    """The torch-free data check of family `name`: a callable(config) raising UserError (it may return the
+    dataset scan, for the plan's bucket list)."""
     if name not in DATA_CHECKS:
         return check_captioned_images
     module_name, function_name = DATA_CHECKS[name].split(":")

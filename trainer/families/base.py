@@ -29,8 +29,13 @@ class WorkerContext:
     device: torch.device
     rank: int
     world_size: int
-    accelerator: object  # accelerate.Accelerator (barrier, wait_for_everyone, unwrap_model)
+    accelerator: object  # accelerate.Accelerator (barrier, wait_for_everyone)
     log_warning: object  # callable(str): a `warning` event on rank 0 and a line in the log
+    unwrap: object = None  # callable(module) -> the plain model to sample with or save (trainer.sharding)
+
+    def __post_init__(self):
+        if self.unwrap is None:
+            self.unwrap = lambda module: self.accelerator.unwrap_model(module)
 
 
 class Family(Protocol):
@@ -53,6 +58,11 @@ class Family(Protocol):
     def prepare_data(self) -> int:
         """Scan, check and cache the data (caches: one writer per file, the others wait); return the number of
         items per epoch (repeats included)."""
+
+    # Optional: `item_buckets: list[int] | None`, set by `prepare_data`: the aspect-ratio bucket of each item (a
+    # small integer per item, in item order). When it is there and not None, the worker builds a
+    # `trainer.data.stream.BucketedStream`: every optimizer step's whole batch comes from one bucket, so the
+    # samples handed to `loss` always share one shape. Families without buckets simply do not define it.
 
     def loss(self, positions: list[int]) -> torch.Tensor:
         """Mean loss of the samples at these stream positions (a micro-batch), called under autocast.

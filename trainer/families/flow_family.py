@@ -16,7 +16,7 @@ from trainer.data.stream import position_seed
 from trainer.errors import UserError
 from trainer.families import flow_matching as fm
 from trainer.families.sd import StableDiffusionFamily
-from trainer.precision import frozen_dtype
+from trainer.precision import frozen_dtype, store_base_weights
 
 
 class FlowMatchingFamily(StableDiffusionFamily):
@@ -27,10 +27,10 @@ class FlowMatchingFamily(StableDiffusionFamily):
     # ---- models -------------------------------------------------------------------------------------------
     def load(self) -> None:
         cfg, device, plan = self.cfg, self.ctx.device, self.ctx.plan
-        if cfg.method != "lora":
-            raise UserError(f"model.family={self.name} supports method=lora only (full fine-tunes need FSDP, "
-                            "which this trainer does not do yet)")
-        if cfg.lora.train_text_encoder:
+        if cfg.method == "full" and cfg.full.train_text_encoder:
+            raise UserError(f"model.family={self.name}: full fine-tunes train the transformer only; set "
+                            "full.train_text_encoder=false")
+        if cfg.method == "lora" and cfg.lora.train_text_encoder:
             raise UserError(f"model.family={self.name}: LoRA on the text encoders is not supported; set "
                             "lora.train_text_encoder=false")
         if cfg.prior.enabled:
@@ -45,13 +45,25 @@ class FlowMatchingFamily(StableDiffusionFamily):
         for module in (self.transformer, self.vae, *self.text_encoders):
             module.requires_grad_(False)
             module.eval()
-        base_dtype = frozen_dtype(plan.precision, cfg.method)
+        base_dtype = frozen_dtype(plan.precision, "lora")  # of the always-frozen parts: VAE and text encoders
         # fp16 turns FLUX/SD3 losses into NaN (sd-scripts #1571, #1407): VAE and T5 stay fp32 under fp16.
         self.vae.to(device, dtype=torch.float32 if plan.precision == "fp16" else base_dtype)
-        self.transformer.to(device, dtype=base_dtype)
+        self.transformer.to(device, dtype=frozen_dtype(plan.precision, cfg.method))
         for name, te in zip(self.text_encoder_names, self.text_encoders):
             te.to(device, dtype=torch.float32 if plan.precision == "fp16" and name == self.t5_name else base_dtype)
+        if cfg.method == "full":
+            self.transformer.requires_grad_(True)  # fp32 (frozen_dtype); FSDP shards it when it does not fit
+        else:
+            store_base_weights(self.transformer, cfg.model.base_weights, compute_dtype=base_dtype)
+            self._add_lora()
+        if cfg.train.gradient_checkpointing:
+            self.transformer.enable_gradient_checkpointing()
+        self.transformer.train()
+        self.unet = self.transformer  # the SD family's name for the trained network
+        self.text_embeddings: dict[str, dict[str, torch.Tensor]] = {}
 
+    def _add_lora(self) -> None:
+        cfg = self.cfg
         from peft import LoraConfig
 
         self.lora_targets = self.lora_target_paths()
@@ -64,11 +76,6 @@ class FlowMatchingFamily(StableDiffusionFamily):
         for p in self.transformer.parameters():
             if p.requires_grad:
                 p.data = p.data.float()  # trained weights stay fp32 whatever the precision
-        if cfg.train.gradient_checkpointing:
-            self.transformer.enable_gradient_checkpointing()
-        self.transformer.train()
-        self.unet = self.transformer  # the SD family's name for the trained network
-        self.text_embeddings: dict[str, dict[str, torch.Tensor]] = {}
 
     def _load_pipeline(self):
         model = self.cfg.model
@@ -106,7 +113,7 @@ class FlowMatchingFamily(StableDiffusionFamily):
         return [{"params": [p for p in self.transformer.parameters() if p.requires_grad], "lr": self.cfg.train.lr}]
 
     def _named_trainable(self):
-        for name, p in self.transformer.named_parameters():
+        for name, p in self.ctx.unwrap(self.transformer).named_parameters():  # FSDP: the gathered full weights
             if p.requires_grad:
                 yield f"transformer.{name}", p
 
@@ -168,20 +175,26 @@ class FlowMatchingFamily(StableDiffusionFamily):
         pipe.set_progress_bar_config(disable=True)
         size = size or self.cfg.data.resolution
         self.transformer.eval()
+        pipe.transformer = self.ctx.unwrap(self.transformer)  # under FSDP: a plain model with the gathered weights
         images = []
         try:
             for prompt, seed in zip(prompts, seeds):
                 gen = torch.Generator(self.ctx.device).manual_seed(seed)
-                dtype = self.transformer.dtype
-                with torch.autocast(self.ctx.device.type, dtype=dtype, enabled=dtype != torch.float32):
+                # The plan's precision, not the transformer's dtype: a full fine-tune's fp32 transformer meets
+                # the bf16 text encoders' embeddings here
+                low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.ctx.plan.precision)
+                with torch.autocast(self.ctx.device.type, dtype=low or torch.float32, enabled=low is not None):
                     out = pipe(prompt, height=size, width=size, num_inference_steps=steps, generator=gen,
                                guidance_scale=guidance_scale, **self.sample_kwargs(negative_prompt))
                 images.append(out.images[0])
         finally:
+            pipe.transformer = self.transformer
             self.transformer.train()
         return images
 
     def save_outputs(self, out_dir: Path, *, step: int) -> list[str]:
-        from trainer.families.flow_outputs import save_flow_lora
+        from trainer.families.flow_outputs import save_flow_full, save_flow_lora
 
+        if self.cfg.method == "full":
+            return save_flow_full(self, out_dir)
         return save_flow_lora(self, out_dir, step=step)

@@ -1,4 +1,6 @@
-"""The final LoRA files of an SD3 or FLUX run (rank 0, into `<run>/output/`):
+"""The final files of an SD3 or FLUX run (rank 0, into `<run>/output/`). A full fine-tune: the whole pipeline
+as a diffusers folder, `output/diffusers/` (`FluxPipeline.from_pretrained` / `StableDiffusion3Pipeline...`);
+the transformer alone is `output/diffusers/transformer/`. A LoRA:
 
 - `pytorch_lora_weights.safetensors`: the transformer's peft state dict written by the pipeline's own
   `save_lora_weights` (as diffusers' DreamBooth LoRA scripts do), with `lora_adapter_metadata` (rank, alpha,
@@ -38,12 +40,12 @@ def save_flow_lora(family, out_dir: Path, *, step: int) -> list[str]:
 
     from trainer.export.kohya import kohya_metadata
     from trainer.export.lora_files import (DIFFUSERS_WEIGHT_NAME, _file_name, _lora_modules, _peft_state,
-                                           diffusers_adapter_metadata, unwrap)
+                                           diffusers_adapter_metadata)
 
     cfg = family.cfg
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    transformer = unwrap(family.transformer)
+    transformer = family.ctx.unwrap(family.transformer)
     adapter, modules = _lora_modules(transformer)
     state = _peft_state(transformer, adapter)
     family.pipeline_class.save_lora_weights(out_dir, transformer_lora_layers=state, weight_name=DIFFUSERS_WEIGHT_NAME,
@@ -69,3 +71,14 @@ def save_flow_lora(family, out_dir: Path, *, step: int) -> list[str]:
         os.replace(partial, path)
         outputs.append(str(path))
     return outputs
+
+
+def save_flow_full(family, out_dir: Path) -> list[str]:
+    pipe = family.pipe
+    folder = Path(out_dir) / "diffusers"
+    pipe.transformer = family.ctx.unwrap(family.transformer)  # under FSDP: the gathered full weights
+    try:
+        pipe.save_pretrained(folder, safe_serialization=True)
+    finally:
+        pipe.transformer = family.transformer
+    return [str(folder)]

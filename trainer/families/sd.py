@@ -3,11 +3,13 @@ epsilon and v-prediction, optional prior preservation."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
 from diffusers import DDPMScheduler, DPMSolverMultistepScheduler, StableDiffusionPipeline
 
+from trainer.data.buckets import BucketSpec, assign_buckets
 from trainer.data.images import load_image_tensor, sample_rng, torch_generator
 from trainer.data.scan import require_usable, scan_dataset
 from trainer.data.stream import position_seed
@@ -16,7 +18,7 @@ from trainer.families.base import WorkerContext
 from trainer.families.latent_cache import build_latent_cache, cache_key
 from trainer.families.prior import ensure_class_images
 from trainer.families.sd_loading import load_sd_components
-from trainer.precision import frozen_dtype
+from trainer.precision import frozen_dtype, store_base_weights
 
 
 class StableDiffusionFamily:
@@ -58,7 +60,7 @@ class StableDiffusionFamily:
 
     def _named_trainable(self):
         for prefix, module in (("unet", self.unet), ("text_encoder", self.text_encoder)):
-            for name, p in module.named_parameters():
+            for name, p in self.ctx.unwrap(module).named_parameters():  # FSDP: the gathered full weights
                 if p.requires_grad:
                     yield f"{prefix}.{name}", p
 
@@ -78,12 +80,14 @@ class StableDiffusionFamily:
     def prepare_data(self) -> int:
         cfg, ctx = self.cfg, self.ctx
         scan = scan_dataset(cfg.data.path, instance_prompt=cfg.data.instance_prompt,
-                            caption_extension=cfg.data.caption_extension, resolution=cfg.data.resolution)
+                            caption_extension=cfg.data.caption_extension,
+                            resolution=None if cfg.data.bucketing else cfg.data.resolution)  # buckets: own check
         require_usable(scan)
         for warning in scan.warnings:
             ctx.log_warning(f"data: {warning}")
         self.images = scan.items
         self.expanded = [i for i, item in enumerate(scan.items) for _ in range(item.repeats)]
+        self._assign_buckets()
         self.class_images = []
         if cfg.prior.enabled:
             self.class_images = ensure_class_images(self, ctx)
@@ -98,17 +102,64 @@ class StableDiffusionFamily:
                 self.class_latents = self._cache(self.class_images, "class")
         return len(self.expanded)
 
-    def _cache(self, items, kind: str) -> dict[str, torch.Tensor]:
+    def _assign_buckets(self) -> None:
+        """data.bucketing: each image's aspect-ratio bucket (trainer.data.buckets). Sets `buckets` ((width, height)
+        per bucket), `image_bucket` (per image) and `item_buckets` (per expanded item: the stream then takes every
+        optimizer step's batch from one bucket); all None without bucketing."""
         cfg, ctx = self.cfg, self.ctx
-        key = cache_key({"model": cfg.model.path, "vae": dict(self.vae.config), "res": cfg.data.resolution,
-                         "flip": cfg.data.flip, "kind": kind}, [i.path for i in items])
+        self.buckets = self.image_bucket = self.item_buckets = None
+        if not cfg.data.bucketing:
+            return
+        self.buckets, self.image_bucket = assign_buckets([(i.width, i.height) for i in self.images],
+                                                         BucketSpec.from_config(cfg.data))
+        self.item_buckets = [self.image_bucket[i] for i in self.expanded]
+        for item, bucket in zip(self.images, self.image_bucket):
+            w, h = self.buckets[bucket]
+            if item.width < w or item.height < h:
+                ctx.log_warning(f"data: {os.path.basename(item.path)}: {item.width}x{item.height} is smaller than its "
+                                f"bucket {w}x{h}; it will be upscaled and may look blurry")
+        total = ctx.plan.total
+        for bucket, (w, h) in enumerate(self.buckets):
+            count = self.item_buckets.count(bucket)
+            if count < total:
+                ctx.log_warning(f"data: bucket {w}x{h} holds {count} image{'s' if count != 1 else ''} (repeats "
+                                f"included), fewer than batch.total {total}: its steps repeat some of them")
+
+    def _target(self, image_index: int, kind: str):
+        """The pixel size a sample is made at: its bucket's (width, height), or the square resolution."""
+        if kind == "instance" and self.image_bucket is not None:
+            return self.buckets[self.image_bucket[image_index]]
+        return self.cfg.data.resolution
+
+    def _cache(self, items, kind: str) -> dict:
+        """{"mean"/"std"(+"_flip"): per-image latents, indexable by image index}. With buckets, each bucket has
+        its own cache (chunks of one shape), and the rows are gathered per image."""
+        if kind != "instance" or self.image_bucket is None:
+            return self._cache_rows(items, kind, self.cfg.data.resolution)
+        table: dict[str, list] = {}
+        for bucket, size in enumerate(self.buckets):
+            members = [i for i, b in enumerate(self.image_bucket) if b == bucket]
+            rows = self._cache_rows([items[i] for i in members], kind, size)
+            for name, values in rows.items():
+                column = table.setdefault(name, [None] * len(items))
+                for row, index in enumerate(members):
+                    column[index] = values[row]
+        return table
+
+    def _cache_rows(self, items, kind: str, size) -> dict[str, torch.Tensor]:
+        cfg, ctx = self.cfg, self.ctx
+        parts = {"model": cfg.model.path, "vae": dict(self.vae.config), "res": cfg.data.resolution,
+                 "flip": cfg.data.flip, "kind": kind}
+        if not isinstance(size, int):
+            parts["bucket"] = list(size)
+        key = cache_key(parts, [i.path for i in items])
         flip = cfg.data.flip
 
         @torch.no_grad()
         def encode(indices):
             out = {}
             for suffix, mirrored in (("", False), ("_flip", True)) if flip else (("", False),):
-                pixels = torch.stack([self._pixels(items[i].path, mirrored) for i in indices])
+                pixels = torch.stack([self._pixels(items[i].path, mirrored, size) for i in indices])
                 dist = self.vae.encode(pixels.to(ctx.device, self.vae.dtype)).latent_dist
                 out["mean" + suffix], out["std" + suffix] = dist.mean, dist.std
             return out
@@ -117,8 +168,8 @@ class StableDiffusionFamily:
                                   world_size=ctx.world_size, barrier=ctx.accelerator.wait_for_everyone,
                                   device=ctx.device)
 
-    def _pixels(self, path: str, mirrored: bool) -> torch.Tensor:
-        pixels = load_image_tensor(path, self.cfg.data.resolution, crop="center")
+    def _pixels(self, path: str, mirrored: bool, size=None) -> torch.Tensor:
+        pixels = load_image_tensor(path, size or self.cfg.data.resolution, crop="center")
         return pixels.flip(-1) if mirrored else pixels
 
     def _token_ids(self, caption: str) -> torch.Tensor:
@@ -137,7 +188,7 @@ class StableDiffusionFamily:
             mirrored = cfg.data.flip and sample_rng(cfg.seed, epoch, expanded_index).random() < 0.5
             suffix = "_flip" if mirrored else ""
             return cached["mean" + suffix][image_index], cached["std" + suffix][image_index]
-        pixels = load_image_tensor(items[image_index].path, cfg.data.resolution,
+        pixels = load_image_tensor(items[image_index].path, self._target(image_index, kind),
                                    crop="center" if cfg.data.center_crop else "random", flip=cfg.data.flip,
                                    rng=sample_rng(cfg.seed, epoch, expanded_index))
         with torch.no_grad():
@@ -188,7 +239,7 @@ class StableDiffusionFamily:
 
     # ---- samples and outputs ------------------------------------------------------------------------------
     def pipeline(self) -> StableDiffusionPipeline:
-        unwrap = self.ctx.accelerator.unwrap_model
+        unwrap = self.ctx.unwrap
         scheduler = DPMSolverMultistepScheduler.from_config(self.scheduler_config, prediction_type=self.prediction_type)
         return StableDiffusionPipeline(vae=self.vae, text_encoder=unwrap(self.text_encoder), tokenizer=self.tokenizer,
                                        unet=unwrap(self.unet), scheduler=scheduler, safety_checker=None,
@@ -215,7 +266,8 @@ class StableDiffusionFamily:
         try:
             for prompt, seed in zip(prompts, seeds):
                 gen = torch.Generator(self.ctx.device).manual_seed(seed)
-                with torch.autocast(self.ctx.device.type, dtype=self.unet.dtype, enabled=self.unet.dtype != torch.float32):
+                dtype = pipe.unet.dtype  # the sampling copy's (FSDP: low precision, see Sharding.gathered)
+                with torch.autocast(self.ctx.device.type, dtype=dtype, enabled=dtype != torch.float32):
                     out = pipe(prompt, negative_prompt=negative_prompt or None, height=size, width=size,
                                num_inference_steps=steps, guidance_scale=guidance_scale, generator=gen)
                 images.append(out.images[0])
@@ -245,6 +297,8 @@ def setup_models(cfg, plan, device, *, unet, vae, text_encoders, train_text_enco
     torch.manual_seed(cfg.seed)  # identical adapter init on every rank and every world size
     if cfg.method == "lora":
         from peft import LoraConfig
+
+        store_base_weights(unet, cfg.model.base_weights, compute_dtype=base_dtype)
 
         def adapter(targets, **extra):
             return LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,

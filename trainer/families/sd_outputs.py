@@ -29,7 +29,7 @@ def training_metadata(family, step: int) -> dict:
 
 def save_sd_outputs(family, out_dir: Path, *, step: int) -> list[str]:
     cfg = family.cfg
-    unwrap = family.ctx.accelerator.unwrap_model
+    unwrap = family.ctx.unwrap
     out_dir.mkdir(parents=True, exist_ok=True)
     metadata = training_metadata(family, step)
     if cfg.method == "lora":

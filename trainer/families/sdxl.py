@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from diffusers import DDPMScheduler, DPMSolverMultistepScheduler, StableDiffusionXLPipeline
 
+from trainer.data.buckets import cover_and_crop
 from trainer.data.images import _integer, flip_drawn, sample_rng
 from trainer.families import text_cache
 from trainer.families.sd import StableDiffusionFamily, setup_models
@@ -68,7 +69,7 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
     def _named_trainable(self):
         named = (("unet", self.unet), ("text_encoder", self.text_encoder), ("text_encoder_2", self.text_encoder_2))
         for prefix, module in named:
-            for name, p in module.named_parameters():
+            for name, p in self.ctx.unwrap(module).named_parameters():  # FSDP: the gathered full weights
                 if p.requires_grad:
                     yield f"{prefix}.{name}", p
 
@@ -112,17 +113,17 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
         cfg = self.cfg
         _, epoch, image_index, expanded_index, kind = row
         item = (self.images if kind == "instance" else self.class_images)[image_index]
-        res = cfg.data.resolution
-        scale = res / min(item.width, item.height)
-        width, height = max(res, round(item.width * scale)), max(res, round(item.height * scale))
+        target = self._target(image_index, kind)  # the square resolution, or the image's bucket
+        tw, th = (target, target) if isinstance(target, int) else target
+        _, (room_x, room_y) = cover_and_crop(item.width, item.height, (tw, th))
         if self.use_cache or cfg.data.center_crop:
-            left, top = (width - res) // 2, (height - res) // 2
+            left, top = room_x // 2, room_y // 2
         else:  # replays load_image_tensor's draws: the flip coin (when flipping), then left, then top
             rng = sample_rng(cfg.seed, epoch, expanded_index)
             if cfg.data.flip:
                 flip_drawn(rng)
-            left, top = _integer(rng, width - res), _integer(rng, height - res)
-        return [item.height, item.width, top, left, res, res]
+            left, top = _integer(rng, room_x), _integer(rng, room_y)
+        return [item.height, item.width, top, left, th, tw]
 
     # ---- loss ---------------------------------------------------------------------------------------------
     def _predict(self, noisy, t, captions: list[str], rows) -> torch.Tensor:
@@ -142,7 +143,7 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
 
     # ---- samples and outputs ------------------------------------------------------------------------------
     def pipeline(self) -> StableDiffusionXLPipeline:
-        unwrap = self.ctx.accelerator.unwrap_model
+        unwrap = self.ctx.unwrap
         scheduler = DPMSolverMultistepScheduler.from_config(self.scheduler_config, prediction_type=self.prediction_type)
         return StableDiffusionXLPipeline(vae=self.vae, text_encoder=unwrap(self.text_encoder),
                                          text_encoder_2=unwrap(self.text_encoder_2), tokenizer=self.tokenizer,
@@ -166,8 +167,8 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
         try:
             for prompt, seed in zip(prompts, seeds):
                 gen = torch.Generator(device).manual_seed(seed)
-                low = self.unet.dtype != torch.float32
-                with torch.autocast(device.type, dtype=self.unet.dtype, enabled=low):
+                dtype = pipe.unet.dtype  # the sampling copy's (FSDP: low precision, see Sharding.gathered)
+                with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
                     latents = pipe(prompt, negative_prompt=negative_prompt or None, height=size, width=size,
                                    num_inference_steps=steps, guidance_scale=guidance_scale, generator=gen,
                                    output_type="latent").images

@@ -85,7 +85,7 @@ def save_sdxl_lora(out_dir, unet, text_encoders=(), *, rank: int, alpha: float, 
 
 def save_sdxl_outputs(family, out_dir: Path, *, step: int) -> list[str]:
     cfg = family.cfg
-    unwrap_model = family.ctx.accelerator.unwrap_model
+    unwrap_model = family.ctx.unwrap
     out_dir.mkdir(parents=True, exist_ok=True)
     metadata = training_metadata(family, step)
     metadata["base_model_version"] = "sdxl_base_v1-0"

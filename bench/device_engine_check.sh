@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The engine end to end on one CUDA GPU (bf16 plan): the offline demo through launch.py, then a tiny SDXL LoRA
+# and a tiny FLUX full fine-tune through the launcher. For a device machine without omegaconf/diffusers: wheels in .whl/.
+set -o pipefail
+export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/bench-out}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+status=0
+python3 launch.py --preset presets/demo.yaml --runs-dir /tmp/runs train.steps=100 sample.every=50 2>&1 | tail -25 || status=$?
+python3 -c "from trainer.demo_flow import make_tiny_flux; from trainer.demo import make_demo_dataset; make_tiny_flux('/tmp/a/flux'); make_demo_dataset('/tmp/a/data', count=8)" || status=$?
+python3 launch.py --preset presets/flux-dev-lora-24gb.yaml --runs-dir /tmp/runs model.path=/tmp/a/flux data.path=/tmp/a/data \
+  method=full name=flux-full data.resolution=64 sample.size=64 sample.steps=4 train.steps=30 sample.every=15 \
+  flow.max_sequence_length=16 checkpoint.every=0 2>&1 | tail -6 || status=$?
+python3 - <<'PY' || status=$?
+import json, pathlib
+for run in sorted(pathlib.Path("/tmp/runs").iterdir()):
+    events = [json.loads(l) for l in (run / "events.jsonl").read_text().splitlines()]
+    plan = events[0]; prog = [e for e in events if e["type"] == "progress"]
+    print(run.name, "|", plan["line"], "| final:", events[-1]["type"], "| loss first/last:",
+          prog[0]["loss"], prog[-1]["loss"], "| samples/s last:", prog[-1].get("samples_per_s"))
+PY
+cp -r /tmp/runs/demo/samples "$OUT/demo-samples" 2>/dev/null
+exit $status
