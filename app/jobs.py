@@ -159,7 +159,10 @@ class Jobs:
         run_dir = self.run_dir(name)
         with self._lock:
             proc = self._procs.get(run_dir)
-        self._pool.submit(proc.kill if proc is not None else kill_run, *(() if proc is not None else (run_dir,)))
+        if proc is not None:
+            self._pool.submit(proc.kill)  # its waiter then writes `failed` (killed on request) if nothing else did
+        else:
+            self._pool.submit(kill_run, run_dir)
 
     def delete(self, name: str) -> None:
         run_dir = self.run_dir(name)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -91,6 +92,8 @@ class RunView:
     lrs: dict[int, float] = field(default_factory=dict)
     samples: dict[tuple[int, int], dict] = field(default_factory=dict)  # (step, prompt index) -> sample event
     warnings: list[str] = field(default_factory=list)
+    evals: dict[int, dict] = field(default_factory=dict)  # step -> `eval` event (a re-evaluated step replaces it)
+    best: dict | None = None  # the latest `best` event: {"step", "metric", "value", ...}
     has_progress: bool = False  # this launch reported a step (else it is still loading the model)
 
     @property
@@ -141,6 +144,10 @@ def read_run(run_dir: str | Path, cache: EventCache = CACHE) -> RunView:
                 view.lrs[view.step] = view.lr
         elif kind == "sample" and event.get("path"):
             view.samples[(event.get("step", 0), event.get("index", 0))] = event
+        elif kind == "eval" and event.get("step") is not None:
+            view.evals[int(event["step"])] = event
+        elif kind == "best" and event.get("step") is not None:
+            view.best = event
         elif kind == "warning":
             view.warnings.append(str(event.get("message", "")))
         elif kind in FINAL_TYPES:
@@ -229,15 +236,64 @@ def all_samples(view: RunView) -> list[tuple[str, str]]:
             for k in keys if (view.path / view.samples[k]["path"]).is_file()]
 
 
+# How metrics are labelled (detection's COCO metrics); others show under their own names.
+METRIC_LABELS = {"map": "mAP", "map50": "mAP50", "map75": "mAP75", "mar100": "mAR100"}
+PLOTTED = ("map", "map50")  # over steps, when a run reports them (else every plain number it reports)
+NOT_METRICS = {"type", "time", "step", "per_class", "images"}
+
+
+def metric_label(key: str) -> str:
+    return METRIC_LABELS.get(key, key)
+
+
+def as_number(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def eval_metrics(event: dict | None) -> list[tuple[str, float]]:
+    """(key, value) of an `eval` event's plain-number metrics, detection's in COCO's order first."""
+    event = event or {}
+    keys = [k for k in METRIC_LABELS if k in event] + [k for k in event if k not in METRIC_LABELS]
+    return [(k, v) for k in keys if k not in NOT_METRICS and (v := as_number(event[k])) is not None]
+
+
+def eval_series(view: RunView) -> list[tuple[int, str, float]]:
+    """(step, metric label, value) of every evaluation, steps in order, for a plot with one line per metric."""
+    reported = {k for e in view.evals.values() for k, _ in eval_metrics(e)}
+    keys = [k for k in PLOTTED if k in reported] or sorted(reported)
+    rows = []
+    for step in sorted(view.evals):
+        values = dict(eval_metrics(view.evals[step]))
+        rows.extend((step, metric_label(k), values[k]) for k in keys if k in values)
+    return rows
+
+
+def latest_eval(view: RunView) -> dict | None:
+    return view.evals[max(view.evals)] if view.evals else None
+
+
+def per_class_rows(event: dict | None) -> list[tuple[str, float | None, float | None]]:
+    """(class, AP, AP50) of an `eval` event's per-class metrics, best AP first (classes without one last)."""
+    per_class = (event or {}).get("per_class") or {}
+    if not isinstance(per_class, dict):
+        return []
+    rows = [(str(name), as_number((m or {}).get("map")), as_number((m or {}).get("map50")))
+            for name, m in per_class.items() if isinstance(m, dict) or m is None]
+    return sorted(rows, key=lambda r: (r[1] is None, -(r[1] or 0.0), r[0]))
+
+
 def prompt_count(view: RunView) -> int:
     return max((index for _, index in view.samples), default=-1) + 1
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
 def log_tail(run_dir: str | Path, count: int = 40) -> str:
-    """The last lines of train.log (progress bars' carriage returns split into lines)."""
+    """The last lines of train.log (progress bars' carriage returns split into lines, terminal codes removed)."""
     lines = []
     for line in tail_lines(Path(run_dir) / LOG_FILE, count):
-        lines.extend(part for part in line.split("\r") if part.strip())
+        lines.extend(part for part in _ANSI.sub("", line).split("\r") if part.strip())
     return "\n".join(lines[-count:])
 
 

@@ -15,6 +15,7 @@ import pandas as pd
 from app import runs as R
 from trainer.errors import UserError
 
+LOG_LINES = 30  # lines of train.log shown
 POLL_S = 2.0  # seconds between looks at the runs folder (only while the Runs tab is shown)
 STATUS_TEXT = {
     "running": "running", "stopping": "stopping: saving a checkpoint", "finishing": "finishing",
@@ -42,6 +43,8 @@ class RunsTab:
     message: gr.HTML
     loss_plot: gr.LinePlot
     lr_plot: gr.LinePlot
+    eval_plot: gr.LinePlot
+    eval_info: gr.HTML
     latest: gr.Gallery
     every: gr.Gallery
     outputs: gr.File
@@ -53,7 +56,7 @@ class RunsTab:
 
 def build(ctx) -> RunsTab:
     with gr.Row(equal_height=False):
-        select = gr.Dropdown(choices=[], value=None, label="Run", scale=1, elem_id="run-select",
+        select = gr.Dropdown(choices=[], value=None, label="Run", scale=1, elem_id="run-select", interactive=True,
                              info="The run shown below; or click a row of the table.")
         header = gr.HTML("", elem_id="run-header", scale=3)
     table = gr.Dataframe(headers=R.RUN_COLUMNS, value=[], interactive=False, max_height=230, elem_id="runs-table",
@@ -75,9 +78,16 @@ def build(ctx) -> RunsTab:
         confirm_no = gr.Button("Cancel", elem_id="cancel-delete", size="md")
     message = gr.HTML("", elem_id="run-message")
     with gr.Row():
-        loss_plot = gr.LinePlot(_frame({}, "loss"), x="step", y="loss", title="Loss", height=260, elem_id="loss-plot")
+        loss_plot = gr.LinePlot(_frame({}, "loss"), x="step", y="loss", title="Loss", height=260, elem_id="loss-plot",
+                                visible=False)
         lr_plot = gr.LinePlot(_frame({}, "lr"), x="step", y="lr", title="Learning rate", height=260,
-                              elem_id="lr-plot")
+                              elem_id="lr-plot", visible=False)
+    # Runs that evaluate (detection: mAP on the validation images) get their metrics over steps, the latest
+    # evaluation in detail and the best step; other runs never show this row.
+    with gr.Row(elem_id="eval-row"):
+        eval_plot = gr.LinePlot(_eval_frame(()), x="step", y="value", color="metric", title="Evaluation",
+                                height=260, elem_id="eval-plot", visible=False)
+        eval_info = gr.HTML("", elem_id="run-eval", visible=False)
     latest = gr.Gallery(label="Samples: latest of each prompt", columns=4, height=300, object_fit="contain",
                         elem_id="samples-latest", elem_classes=["samples"], allow_preview=True, fit_columns=False)
     with gr.Accordion("Every sample, by step (newest first)", open=False, elem_id="samples-all-accordion"):
@@ -86,14 +96,51 @@ def build(ctx) -> RunsTab:
     outputs = gr.File(label="Outputs: download the trained files", file_count="multiple", visible=False,
                       interactive=False, elem_id="run-outputs")
     with gr.Accordion("Log (last lines of train.log)", open=False, elem_id="log-accordion"):
-        log = gr.Textbox(show_label=False, lines=14, max_lines=14, interactive=False, autoscroll=True, elem_id="run-log")
+        # Tall enough for the whole tail: the newest line is at the bottom without scrolling the box.
+        log = gr.Textbox(show_label=False, lines=14, max_lines=LOG_LINES + 10, interactive=False, autoscroll=True,
+                         elem_id="run-log")
     return RunsTab(table, select, header, failed, progress, stop, resume, resume_overrides, delete, kill, confirm_row,
-                   confirm_text, confirm_yes, confirm_no, message, loss_plot, lr_plot, latest, every, outputs, log,
-                   gr.State({}), gr.Timer(POLL_S), gr.State(""))
+                   confirm_text, confirm_yes, confirm_no, message, loss_plot, lr_plot, eval_plot, eval_info, latest, every,
+                   outputs, log, gr.State({}), gr.Timer(POLL_S), gr.State(""))
 
 
 def _frame(series: dict, column: str) -> pd.DataFrame:
     return pd.DataFrame({"step": list(series), column: list(series.values())}, columns=["step", column])
+
+
+def _eval_frame(rows) -> pd.DataFrame:
+    return pd.DataFrame(list(rows), columns=["step", "metric", "value"])
+
+
+def _fmt_metric(value) -> str:
+    return "–" if value is None else f"{value:.3f}"
+
+
+def eval_html(view: R.RunView | None) -> str:
+    """The latest evaluation (its metrics, and per class for detection), and which step is the best so far."""
+    latest = R.latest_eval(view) if view else None
+    if latest is None:
+        return ""
+    images = f" on {latest['images']} validation images" if latest.get("images") else ""
+    metrics = " · ".join(f"{html.escape(R.metric_label(k))} <b>{v:.3f}</b>" for k, v in R.eval_metrics(latest))
+    parts = [f'<div class="eval-head">Latest evaluation: step <b class="eval-step">{latest.get("step")}</b>'
+             f'{images}</div><div class="eval-metrics">{metrics}</div>']
+    best = view.best
+    if best is not None:
+        label = html.escape(R.metric_label(str(best.get("metric", ""))))
+        value = R.as_number(best.get("value"))
+        where = html.escape(str(best.get("path") or "checkpoints/best"))
+        parts.append(f'<div class="eval-best" data-step="{best.get("step")}">★ Best so far: step '
+                     f'<b>{best.get("step")}</b> ({label} {_fmt_metric(value)}), its weights kept in '
+                     f'<code>{where}/</code></div>')
+    rows = R.per_class_rows(latest)
+    if rows:
+        body = "".join(f"<tr><td>{html.escape(name)}</td><td>{_fmt_metric(ap)}</td><td>{_fmt_metric(ap50)}</td></tr>"
+                       for name, ap, ap50 in rows)
+        parts.append('<div class="per-class"><table><thead><tr><th>class</th><th title="COCO mAP, IoU 0.5:0.95">AP'
+                     '</th><th title="IoU 0.5">AP50</th></tr></thead>'
+                     f'<tbody>{body}</tbody></table></div>')
+    return f'<div class="eval-box">{"".join(parts)}</div>'
 
 
 def _columns(prompts: int) -> int:
@@ -122,7 +169,7 @@ def progress_html(view: R.RunView | None) -> str:
         parts.append(f"lr {view.lr:.2e}")
     bar_class = {"done": "done", "failed": "failed", "stopped": "stopped"}.get(view.status, "running")
     return (f'<div class="progress {bar_class}" data-status="{view.status}"><div class="bar">'
-            f'<div class="fill" style="width:{pct:.1f}%"></div></div>'
+            f'<div class="fill{" started" if view.step else ""}" style="width:{pct:.1f}%"></div></div>'
             f'<div class="progress-text">{" · ".join(parts)}</div></div>')
 
 
@@ -134,7 +181,8 @@ def header_html(view: R.RunView | None) -> str:
     plan = f'<div class="run-plan">{html.escape(view.plan_line)}</div>' if view.plan_line else ""
     notes = "".join(f"<div class='run-note'>{html.escape(n)}</div>" for n in view.plan_notes)
     warnings = "".join(f"<div class='run-note warn'>⚠ {html.escape(w)}</div>" for w in view.warnings[-3:])
-    return (f'<div class="run-head"><span class="run-name">{html.escape(view.name)}</span>'
+    return (f'<div class="run-head" data-family="{html.escape(view.family)}">'
+            f'<span class="run-name">{html.escape(view.name)}</span>'
             f'<span class="badge {view.status}" id="run-status">{status}</span>'
             f'<span class="run-what">{html.escape(what)} · started {R.fmt_time(view.started)}</span></div>'
             f'{plan}{notes}{warnings}')
@@ -169,11 +217,13 @@ def snapshot(ctx, name: str | None) -> dict:
                     view.active if view else False),
         "loss": tuple(sorted(view.losses.items())) if view else (),
         "lr": tuple(sorted(view.lrs.items())) if view else (),
+        "eval_plot": tuple(R.eval_series(view)) if view else (),
+        "eval": eval_html(view),
         "latest": tuple(R.latest_samples(view)) if view else (),
         "every": tuple(R.all_samples(view)) if view else (),
         "columns": _columns(R.prompt_count(view)) if view else 4,
         "outputs": tuple(R.output_files(view.path)) if view and view.status == "done" else (),
-        "log": R.log_tail(view.path) if view else "",
+        "log": R.log_tail(view.path, LOG_LINES) if view else "",
     }
     return data
 
@@ -193,8 +243,12 @@ def render(data: dict, seen: dict) -> list:
         data["progress"] if changed("progress") else gr.skip(),
         *([gr.update(interactive=stop_on), gr.update(interactive=resume_on), gr.update(interactive=delete_on),
            gr.update(interactive=kill_on)] if changed("buttons") else [gr.skip()] * 4),
-        _frame(dict(data["loss"]), "loss") if changed("loss") else gr.skip(),
-        _frame(dict(data["lr"]), "lr") if changed("lr") else gr.skip(),
+        # Drawn (made visible) with their first point: Vega sizes the axes on the first draw.
+        gr.update(value=_frame(dict(data["loss"]), "loss"), visible=bool(data["loss"])) if changed("loss") else gr.skip(),
+        gr.update(value=_frame(dict(data["lr"]), "lr"), visible=bool(data["lr"])) if changed("lr") else gr.skip(),
+        gr.update(value=_eval_frame(data["eval_plot"]), visible=bool(data["eval_plot"]))
+        if changed("eval_plot") else gr.skip(),
+        gr.update(value=data["eval"], visible=bool(data["eval"])) if changed("eval") else gr.skip(),
         gr.update(value=list(data["latest"]) or None) if changed("latest") else gr.skip(),
         gr.update(value=list(data["every"]) or None, columns=data["columns"])
         if changed("every") or changed("columns") else gr.skip(),
@@ -207,14 +261,14 @@ def render(data: dict, seen: dict) -> list:
 
 def outputs_of(t: RunsTab) -> list:
     return [t.table, t.select, t.header, t.failed, t.progress, t.stop, t.resume, t.delete, t.kill, t.loss_plot,
-            t.lr_plot, t.latest, t.every, t.outputs, t.log, t.seen]
+            t.lr_plot, t.eval_plot, t.eval_info, t.latest, t.every, t.outputs, t.log, t.seen]
 
 
 def pick_default(ctx) -> str | None:
     """The run a freshly opened page follows: the newest running one, else the newest."""
     views = R.list_runs(ctx.jobs.runs_dir)
-    running = [v for v in views if v.active]
-    return (running or views or [None])[0].name if (running or views) else None
+    candidates = [v for v in views if v.active] or views
+    return candidates[0].name if candidates else None
 
 
 def wire(ctx, t: RunsTab) -> None:
@@ -223,15 +277,20 @@ def wire(ctx, t: RunsTab) -> None:
     def refresh(name, seen):
         return render(snapshot(ctx, name), seen or {})
 
-    # Each tick only fingerprints the runs folder (sizes, pids) into a State; the page is re-rendered when that
-    # changes. An idle page then costs the browser next to nothing between training steps.
-    def poll(name, last):
-        now = R.fingerprint(ctx.jobs.runs_dir, name); import sys; print("POLL", flush=True, file=sys.stderr)
-        return gr.skip() if now == last else now
+    # Each tick fingerprints the runs folder (sizes, pids) and re-renders only when that changed, sending only the
+    # parts that changed. Outside Gradio's queue: its per-event streaming costs the browser far more than this call.
+    def tick(name, seen, last):
+        now = R.fingerprint(ctx.jobs.runs_dir, name)
+        if now == last:
+            return [gr.skip()] * len(outs) + [gr.skip()]
+        return [*refresh(name, seen), now]
 
-    t.timer.tick(poll, inputs=[t.select, t.polled], outputs=[t.polled], show_progress="hidden", trigger_mode="once")
-    t.polled.change(refresh, inputs=[t.select, t.seen], outputs=outs, show_progress="hidden", trigger_mode="always_last")
-    t.select.input(lambda name: refresh(name, {}), inputs=[t.select], outputs=outs, show_progress="hidden")
+    t.timer.tick(tick, inputs=[t.select, t.seen, t.polled], outputs=[*outs, t.polled], show_progress="hidden",
+                 trigger_mode="once", queue=False)
+    def on_select(evt: gr.SelectData):  # the chosen run comes with the event (a dropdown's value may lag)
+        return [*refresh(evt.value, {}), ""]
+
+    t.select.select(on_select, outputs=[*outs, t.message], show_progress="hidden")
 
     def on_table_select(evt: gr.SelectData):
         row = evt.row_value or []

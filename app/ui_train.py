@@ -15,8 +15,8 @@ from app.presets import DEFAULT_PRESET
 from app.ui_form import FormWidgets, build_form
 from trainer.errors import UserError
 
-# The form's events (fields, YAML, preset, Start) run one at a time, in order, per app: each reads the settings
-# state the previous one wrote.
+# The form's events (fields, YAML, preset, save, Start) run one at a time, in the order they were sent (one queue
+# for the whole app: it is a single-user tool), so each reads the settings state the previous one wrote.
 FORM_QUEUE = dict(concurrency_id="form", concurrency_limit=1)
 
 
@@ -161,8 +161,9 @@ def wire(ctx, t: TrainTab) -> None:
             gr.on(with_select, on_select(key), inputs=[t.values, t.shown_errors], **common)
 
     def field_updates(old: dict, new: dict) -> list:
-        return [gr.skip() if old.get(k) == new.get(k) and k in old else gr.update(value=forms.to_widget(SPEC[k], new.get(k)))
-                for k in FORM_KEYS]
+        """Set the widgets whose value differs (the others are left alone, so typing in them is not disturbed)."""
+        return [gr.skip() if k in old and old.get(k) == new.get(k) else
+                gr.update(value=forms.to_widget(SPEC[k], new.get(k))) for k in FORM_KEYS]
 
     def on_yaml(text, values, shown):
         skip = [gr.skip()] * (len(feedback_outputs) + len(fields))
@@ -175,8 +176,8 @@ def wire(ctx, t: TrainTab) -> None:
         return [new, "", *feedback(new, shown, checked(new)), *field_updates(values, new)]
 
     gr.on([t.yaml.input, t.yaml.blur], on_yaml, inputs=[t.yaml, t.values, t.shown_errors],
-                  outputs=[t.values, t.yaml_msg, *feedback_outputs, *fields], show_progress="hidden",
-                  trigger_mode="always_last", **FORM_QUEUE)
+          outputs=[t.values, t.yaml_msg, *feedback_outputs, *fields], show_progress="hidden",
+          trigger_mode="always_last", **FORM_QUEUE)
 
     def on_preset(values, shown, evt: gr.SelectData):
         preset_id = evt.value
@@ -189,7 +190,7 @@ def wire(ctx, t: TrainTab) -> None:
                 *feedback(new, shown, checked(new), new_preset=True), *field_updates({}, new)]
 
     t.preset.select(on_preset, inputs=[t.values, t.shown_errors],
-                   outputs=[t.values, t.description, t.yaml, t.yaml_msg, *feedback_outputs, *fields], **FORM_QUEUE)
+                    outputs=[t.values, t.description, t.yaml, t.yaml_msg, *feedback_outputs, *fields], **FORM_QUEUE)
 
     def on_load(values, shown):
         return [gr.update(choices=ctx.presets.choices()), *feedback(values, shown, checked(values))]

@@ -20,13 +20,16 @@ from app.presets import Presets
 from app.runs import (
     EventCache,
     all_samples,
+    eval_series,
     latest_samples,
     list_runs,
     log_tail,
+    per_class_rows,
     read_run,
     run_rows,
 )
 from app.security import Workspace, auth_from_env, check_exposure, parse_auth
+from tests.browser_helpers import write_detection_run
 from trainer.config.schema import iter_keys
 from trainer.errors import UserError
 from trainer.hardware import Hardware
@@ -187,7 +190,7 @@ def write_run(root: Path, name: str, events: list[dict], config: dict | None = N
             Image.new("RGB", (8, 8), (200, 0, 0)).save(run / e["path"])
     if pid is not None:
         (run / "launcher.pid").write_text(f"{pid}\n")
-    (run / "train.log").write_text("".join(f"line {i}\n" for i in range(100)) + "a\rb\n")
+    (run / "train.log").write_text("".join(f"line {i}\n" for i in range(100)) + "a\rb\x1b[A\n")
     return run
 
 
@@ -285,6 +288,62 @@ def test_runs_page_sends_only_what_changed(tmp_path):
     assert all(u != {"__type__": "update"} for u in first[:5])
     again = ui_runs.render(ui_runs.snapshot(ctx, "r"), first[-1])
     assert all(u == {"__type__": "update"} for u in again[:-1])  # gr.skip() everywhere
+
+
+@pytest.fixture
+def detection_run(tmp_path):
+    """runs/detector/ of a detection fine-tune (synthetic events, no torch) evaluated at steps 5 and 10, done;
+    step 5 is the best. Samples: two validation images and the precision-recall curve at each evaluation."""
+    return write_detection_run(tmp_path / "runs", "detector")
+
+
+def test_detection_runs_show_map_per_class_ap_and_the_best_step(detection_run):
+    view = read_run(detection_run, EventCache())
+    assert (view.status, view.family, sorted(view.evals)) == ("done", "detection", [5, 10])
+    assert view.best["step"] == 5 and view.best["metric"] == "map"
+    assert eval_series(view) == [(5, "mAP", 0.42), (5, "mAP50", 0.61), (10, "mAP", 0.4), (10, "mAP50", 0.58)]
+    assert per_class_rows(view.evals[10]) == [("circle", 0.5, 0.75), ("square", 0.3, 0.41), ("<tri>", None, None)]
+
+    # The gallery: the prediction samples and the precision-recall curve of the latest evaluation, side by side.
+    latest = [c for _, c in latest_samples(view)]
+    assert latest[0].startswith("step 10 · val image 0") and latest[1].startswith("step 10 · val image 1")
+    assert latest[2] == "step 10 · precision-recall curve (IoU 0.5), mAP50 0.58"
+    assert len(all_samples(view)) == 6
+
+    from app import ui_runs
+    from app.jobs import HardwareCache, Jobs
+
+    ctx = type("Ctx", (), {"jobs": Jobs(detection_run.parent, HardwareCache(hw=CPU))})()
+    data = ui_runs.snapshot(ctx, "detector")
+    assert data["eval_plot"] == tuple(eval_series(view))
+    box = data["eval"]
+    assert "step <b class=\"eval-step\">10</b> on 8 validation images" in box
+    assert "mAP <b>0.400</b> · mAP50 <b>0.580</b> · mAP75 <b>0.360</b> · mAR100 <b>0.464</b>" in box
+    assert "Best so far: step <b>5</b> (mAP 0.420)" in box and "checkpoints/best/" in box
+    assert "<td>circle</td><td>0.500</td><td>0.750</td>" in box
+    assert "<td>&lt;tri&gt;</td><td>–</td><td>–</td>" in box  # a class without ground truth: no AP, escaped
+    assert data["columns"] == 6  # three images per step (two predictions, the curve): two steps a row
+    updates = dict(zip(["eval_plot", "eval"], ui_runs.render(data, {})[11:13]))
+    assert updates["eval_plot"]["visible"] is True and list(updates["eval_plot"]["value"].columns) == \
+        ["step", "metric", "value"]
+    assert updates["eval"]["visible"] is True and updates["eval"]["value"] == box
+
+
+def test_runs_without_evaluations_show_no_evaluation_row(tmp_path):
+    from app import ui_runs
+    from app.jobs import HardwareCache, Jobs
+
+    write_run(tmp_path, "sd", [PLAN, progress(1, 0.9), sample(1, 0, "a cat")])
+    ctx = type("Ctx", (), {"jobs": Jobs(tmp_path, HardwareCache(hw=CPU))})()
+    data = ui_runs.snapshot(ctx, "sd")
+    assert data["eval_plot"] == () and data["eval"] == ""
+    eval_plot, eval_box = ui_runs.render(data, {})[11:13]
+    assert eval_plot["visible"] is False and eval_box["visible"] is False
+    # An evaluation without a best metric or classes (another family's metrics) still shows its numbers.
+    run = write_run(tmp_path, "other", [PLAN, {"type": "eval", "step": 4, "fid": 31.5, "note": "x"}])
+    view = read_run(run, EventCache())
+    assert eval_series(view) == [(4, "fid", 31.5)]
+    assert "fid <b>31.500</b>" in ui_runs.eval_html(view) and "Best" not in ui_runs.eval_html(view)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -426,6 +485,6 @@ def test_the_page_builds_with_every_part(tmp_path):
     blocks = build_ui(ctx)
     ids = {getattr(b, "elem_id", None) for b in blocks.blocks.values()}
     for elem_id in ("preset", "plan-line", "start-button", "yaml-editor", "run-select", "run-progress", "loss-plot",
-                    "lr-plot", "samples-latest", "samples-all", "stop-button", "resume-button", "delete-button",
+                    "lr-plot", "eval-plot", "run-eval", "samples-latest", "samples-all", "stop-button", "resume-button", "delete-button",
                     "run-outputs", "run-log", "dataset-path", "dataset-gallery", "field-train-lr", "err-train-lr"):
         assert elem_id in ids, elem_id
