@@ -289,6 +289,17 @@ def prompt_count(view: RunView) -> int:
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
+def smoothed(series: dict[int, float], weight: float = 0.9) -> dict[int, float]:
+    """An exponential moving average of a noisy per-step series (diffusion losses jump with the random timestep
+    of each step), bias-corrected like TensorBoard's smoothing so the first points are not pulled towards 0."""
+    out, average, norm = {}, 0.0, 0.0
+    for step in sorted(series):
+        average = weight * average + (1 - weight) * series[step]
+        norm = weight * norm + (1 - weight)
+        out[step] = average / norm
+    return out
+
+
 def log_tail(run_dir: str | Path, count: int = 40) -> str:
     """The last lines of train.log (progress bars' carriage returns split into lines, terminal codes removed)."""
     lines = []

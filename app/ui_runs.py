@@ -78,8 +78,9 @@ def build(ctx) -> RunsTab:
         confirm_no = gr.Button("Cancel", elem_id="cancel-delete", size="md")
     message = gr.HTML("", elem_id="run-message")
     with gr.Row():
-        loss_plot = gr.LinePlot(_frame({}, "loss"), x="step", y="loss", title="Loss", height=260, elem_id="loss-plot",
-                                visible=False)
+        # Each step's loss and its moving average: the trend a newcomer looks for under the timestep noise.
+        loss_plot = gr.LinePlot(_loss_frame({}), x="step", y="loss", color="series", title="Loss", height=260,
+                                elem_id="loss-plot", visible=False)
         lr_plot = gr.LinePlot(_frame({}, "lr"), x="step", y="lr", title="Learning rate", height=260,
                               elem_id="lr-plot", visible=False)
     # Runs that evaluate (detection: mAP on the validation images) get their metrics over steps, the latest
@@ -106,6 +107,12 @@ def build(ctx) -> RunsTab:
 
 def _frame(series: dict, column: str) -> pd.DataFrame:
     return pd.DataFrame({"step": list(series), column: list(series.values())}, columns=["step", column])
+
+
+def _loss_frame(losses: dict) -> pd.DataFrame:
+    rows = [(step, "per step", value) for step, value in losses.items()]
+    rows += [(step, "smoothed", value) for step, value in R.smoothed(losses).items()]
+    return pd.DataFrame(rows, columns=["step", "series", "loss"])
 
 
 def _eval_frame(rows) -> pd.DataFrame:
@@ -244,7 +251,7 @@ def render(data: dict, seen: dict) -> list:
         *([gr.update(interactive=stop_on), gr.update(interactive=resume_on), gr.update(interactive=delete_on),
            gr.update(interactive=kill_on)] if changed("buttons") else [gr.skip()] * 4),
         # Drawn (made visible) with their first point: Vega sizes the axes on the first draw.
-        gr.update(value=_frame(dict(data["loss"]), "loss"), visible=bool(data["loss"])) if changed("loss") else gr.skip(),
+        gr.update(value=_loss_frame(dict(data["loss"])), visible=bool(data["loss"])) if changed("loss") else gr.skip(),
         gr.update(value=_frame(dict(data["lr"]), "lr"), visible=bool(data["lr"])) if changed("lr") else gr.skip(),
         gr.update(value=_eval_frame(data["eval_plot"]), visible=bool(data["eval_plot"]))
         if changed("eval_plot") else gr.skip(),

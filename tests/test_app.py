@@ -488,3 +488,20 @@ def test_the_page_builds_with_every_part(tmp_path):
                     "lr-plot", "eval-plot", "run-eval", "samples-latest", "samples-all", "stop-button", "resume-button", "delete-button",
                     "run-outputs", "run-log", "dataset-path", "dataset-gallery", "field-train-lr", "err-train-lr"):
         assert elem_id in ids, elem_id
+
+
+def test_the_loss_plot_shows_a_smoothed_trend_under_the_noisy_per_step_losses():
+    from app.runs import smoothed
+    from app.ui_runs import _loss_frame
+
+    noisy = {1: 1.0, 2: 0.2, 3: 1.0, 4: 0.2, 5: 1.0, 6: 0.2}
+    trend = smoothed(noisy, weight=0.5)
+    assert trend[1] == 1.0  # bias-corrected: the first point is the first loss, not pulled towards zero
+    assert all(0.2 < trend[s] < 1.0 for s in range(2, 7))  # between the extremes the raw line jumps to
+    later = [trend[s] for s in range(3, 7)]
+    assert max(later) - min(later) < 0.5 * (max(noisy.values()) - min(noisy.values()))  # the jumps damped
+    falling = {s: 2.0 - 0.1 * s + (0.3 if s % 2 else -0.3) for s in range(1, 21)}
+    smooth = smoothed(falling)
+    assert smooth[20] < smooth[10] < smooth[2]  # follows the trend
+    frame = _loss_frame(noisy)
+    assert sorted(set(frame["series"])) == ["per step", "smoothed"] and len(frame) == 12

@@ -98,3 +98,21 @@ def test_stopped_under_fsdp_resumes_unsharded_on_one_process(reference, runs, as
     assert [e["step"] for e in progress(run_dir)] == [1, 2, 3]
     # the momentum buffers came back from the FSDP checkpoint: otherwise the next steps would differ
     assert_same_weights(final_weights(reference), final_weights(run_dir))
+
+
+def test_sd_full_finetune_with_its_text_encoder_under_fsdp_matches_one_process(runs, tiny_sd_path, demo_data_path):
+    """The UNet family: two sharded modules (UNet and text encoder, one optimizer over both, two learning rates)."""
+    common = [f"model.path={tiny_sd_path}", f"data.path={demo_data_path}", *BASE, "method=full", "full.ema=false",
+              "full.train_text_encoder=true", "train.text_encoder_lr=0.01", "full.save_single_file=false",
+              "batch.total=4", "train.steps=2", "train.optimizer=sgd", "train.lr=0.02", "train.warmup_steps=0",
+              "train.scheduler=constant", "sample.prompts=[]"]
+    one_dir, one = launch(runs, load_config(None, [*common, "devices=cpu:1", "batch.per_device=4",
+                                                    "distributed.sharding=ddp", "name=sd-one"]))
+    two_dir, two = launch(runs, load_config(None, [*common, "devices=cpu:2", "batch.per_device=1",
+                                                    "distributed.sharding=fsdp", "name=sd-fsdp"]))
+    assert one["type"] == "done", log_of(one_dir)
+    assert two["type"] == "done", log_of(two_dir)
+    weights = final_weights(one_dir)
+    assert any(k.startswith("text_encoder.") for k in weights) and any(k.startswith("unet.") for k in weights)
+    assert_same_weights(weights, final_weights(two_dir))
+    assert (two_dir / "output" / "diffusers" / "unet").is_dir()

@@ -47,7 +47,9 @@ class Sharding:
         FSDPModule, fully_shard = _fsdp()
         for module in modules:
             units = set(getattr(module, "_no_split_modules", None) or ())
-            for sub in module.modules():
+            # innermost first: a unit may sit inside another (a UNet's CrossAttnUpBlock2D holds ResnetBlock2Ds),
+            # and fully_shard refuses a module inside one already sharded
+            for sub in reversed(list(module.modules())):
                 if sub is not module and type(sub).__name__ in units:
                     fully_shard(sub)
             fully_shard(module)
