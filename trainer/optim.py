@@ -10,7 +10,8 @@ from trainer.errors import UserError
 
 def build_optimizer(groups: list[dict], train: TrainConfig) -> torch.optim.Optimizer:
     if train.optimizer == "adamw":
-        return torch.optim.AdamW(groups, betas=tuple(train.betas), eps=train.eps, weight_decay=train.weight_decay)
+        return torch.optim.AdamW(groups, betas=tuple(train.betas), eps=train.eps, weight_decay=train.weight_decay,
+                                 fused=_fusable(groups) or None)
     if train.optimizer == "adamw8bit":
         try:
             import bitsandbytes as bnb
@@ -21,6 +22,15 @@ def build_optimizer(groups: list[dict], train: TrainConfig) -> torch.optim.Optim
     if train.optimizer == "sgd":
         return torch.optim.SGD(groups, momentum=0.9, weight_decay=train.weight_decay)
     raise UserError(f"train.optimizer: unknown optimizer {train.optimizer!r}")
+
+
+def _fusable(groups: list[dict]) -> bool:
+    """AdamW's fused CUDA kernel (one launch for every parameter, instead of a few per tensor list) where every
+    trained tensor is a plain CUDA tensor; FSDP's sharded DTensors and CPU runs keep the default implementation."""
+    from torch.distributed.tensor import DTensor
+
+    params = [p for g in groups for p in g["params"]]
+    return bool(params) and all(p.is_cuda and p.dtype == torch.float32 and not isinstance(p, DTensor) for p in params)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, train: TrainConfig):

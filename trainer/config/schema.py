@@ -188,7 +188,8 @@ class TrainConfig:
     text_encoder_lr: Optional[float] = key(None, "Learning rate of the text encoder; defaults to `train.lr`.")
     optimizer: str = key(
         "adamw",
-        "`adamw`, `adamw8bit` (bitsandbytes, CUDA only) or `sgd`.",
+        "`adamw` (PyTorch's fused CUDA kernel on GPUs), `adamw8bit` (bitsandbytes, CUDA only: a quarter of "
+        "AdamW's state memory) or `sgd` (momentum 0.9).",
         choices=("adamw", "adamw8bit", "sgd"),
     )
     weight_decay: float = key(1e-2, "AdamW weight decay.")
