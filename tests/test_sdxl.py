@@ -199,7 +199,8 @@ def test_full_fine_tune_writes_a_diffusers_folder_and_fp16_keeps_the_vae_fp32(tm
     family = make_family(tmp_path, tiny_sdxl, sdxl_data, "method=full", "model.prediction_type=v_prediction")
     losses = train(family, 3, lr=1e-4)
     assert losses[-1] < losses[0], losses
-    [folder] = family.save_outputs(tmp_path / "out", step=3)
+    folder, single = family.save_outputs(tmp_path / "out", step=3)
+    assert Path(single).suffix == ".safetensors" and Path(single).stat().st_size > 0  # tested in test_export_sdxl
     unet = UNet2DConditionModel.from_pretrained(Path(folder) / "unet")
     for name, p in unet.named_parameters():
         torch.testing.assert_close(p, dict(family.unet.named_parameters())[name])

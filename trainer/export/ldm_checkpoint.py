@@ -10,6 +10,7 @@ Layout written: ``model.diffusion_model.*`` (UNet), ``first_stage_model.*`` (VAE
 
 SD 2.x is not supported: its text encoder must go back to OpenCLIP's layout (``cond_stage_model.model.*``,
 fused ``in_proj`` q/k/v, and a 24th transformer layer diffusers does not keep), which nothing here verifies yet.
+SDXL (which reuses the UNet, VAE and CLIP mappings below) is written by ``trainer.export.sdxl_checkpoint``.
 """
 
 from __future__ import annotations
@@ -37,8 +38,16 @@ def _resnet(rest: str) -> str:
     return f"{_RESNET[layer]}.{param}"
 
 
-def unet_to_ldm(state: Mapping[str, torch.Tensor], config: Mapping) -> dict[str, torch.Tensor]:
-    """Diffusers ``UNet2DConditionModel`` weights -> LDM ``openaimodel.UNetModel`` names (no prefix)."""
+def unet_to_ldm(
+    state: Mapping[str, torch.Tensor], config: Mapping, *, fixed: Mapping[str, str] | None = None,
+    layout: str = "SD 1.x",
+) -> dict[str, torch.Tensor]:
+    """Diffusers ``UNet2DConditionModel`` weights -> LDM ``openaimodel.UNetModel`` names (no prefix).
+
+    ``fixed`` adds module renames (diffusers module path -> LDM one) to the shared ones, e.g. SDXL's
+    ``add_embedding``; ``layout`` names the file layout in the error about weights that have no place in it.
+    """
+    fixed = {**_UNET_FIXED, **(fixed or {})}
     per = config["layers_per_block"]
     if not isinstance(per, int):
         raise UserError("only UNets with the same number of layers in every block can be saved as a single file")
@@ -47,17 +56,17 @@ def unet_to_ldm(state: Mapping[str, torch.Tensor], config: Mapping) -> dict[str,
     out, unknown = {}, []
     for key, tensor in state.items():
         try:
-            out[_unet_key(key, per, step, up_has_attention)] = tensor
+            out[_unet_key(key, per, step, up_has_attention, fixed)] = tensor
         except (KeyError, ValueError):
             unknown.append(key)
-    _raise_unknown("UNet", unknown)
+    _raise_unknown("UNet", unknown, layout)
     return out
 
 
-def _unet_key(key: str, per: int, step: int, up_has_attention: list[bool]) -> str:
+def _unet_key(key: str, per: int, step: int, up_has_attention: list[bool], fixed: Mapping[str, str]) -> str:
     module, _, param = key.rpartition(".")
-    if module in _UNET_FIXED:
-        return f"{_UNET_FIXED[module]}.{param}"
+    if module in fixed:
+        return f"{fixed[module]}.{param}"
     if m := re.fullmatch(r"down_blocks\.(\d+)\.(resnets|attentions)\.(\d+)\.(.+)", key):
         block, kind, layer, rest = int(m[1]), m[2], int(m[3]), m[4]
         index = 1 + block * step + layer
@@ -78,7 +87,9 @@ def _unet_key(key: str, per: int, step: int, up_has_attention: list[bool]) -> st
     raise KeyError(key)
 
 
-def vae_to_ldm(state: Mapping[str, torch.Tensor], config: Mapping) -> dict[str, torch.Tensor]:
+def vae_to_ldm(
+    state: Mapping[str, torch.Tensor], config: Mapping, *, layout: str = "SD 1.x"
+) -> dict[str, torch.Tensor]:
     """Diffusers ``AutoencoderKL`` weights -> LDM ``AutoencoderKL`` names (no prefix)."""
     levels = len(config["block_out_channels"])
     out, unknown = {}, []
@@ -90,7 +101,7 @@ def vae_to_ldm(state: Mapping[str, torch.Tensor], config: Mapping) -> dict[str, 
             continue
         # LDM's mid-block attention uses 1x1 convolutions where diffusers uses linear layers.
         out[new_key] = tensor.reshape(*tensor.shape, 1, 1) if reshape and tensor.ndim == 2 else tensor
-    _raise_unknown("VAE", unknown)
+    _raise_unknown("VAE", unknown, layout)
     return out
 
 
@@ -125,12 +136,20 @@ def text_encoder_to_ldm(state: Mapping[str, torch.Tensor], config) -> dict[str, 
             "OpenCLIP layout (cond_stage_model.model.*, fused q/k/v), which this exporter does not write. Use the "
             "diffusers folder (output/), which A1111 and ComfyUI can also load"
         )
+    return clip_to_ldm(state, config)
+
+
+def clip_to_ldm(state: Mapping[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
+    """A transformers ``CLIPTextModel``'s weights in the layout LDM/SGM checkpoints keep them (no prefix): the
+    transformers names, with ``text_model.`` put back where transformers 5 flattened it away, and the
+    ``position_ids`` buffer. Shared by SD 1.x (``cond_stage_model.transformer.``) and SDXL's first text encoder
+    (``conditioner.embedders.0.transformer.``)."""
     out = {}
     for key, tensor in state.items():
         out[key if key.startswith("text_model.") else f"text_model.{key}"] = tensor
     positions = "text_model.embeddings.position_ids"
     if positions not in out:
-        # SD 1.x checkpoints carry this buffer; transformers 5 no longer saves it. Strict loaders want it.
+        # SD 1.x / SDXL checkpoints carry this buffer; transformers 5 no longer saves it. Strict loaders want it.
         out[positions] = torch.arange(config.max_position_embeddings, dtype=torch.int64)[None]
     return out
 
@@ -140,10 +159,10 @@ def _is_open_clip(config) -> bool:
     return getattr(config, "hidden_act", "quick_gelu") == "gelu" or getattr(config, "hidden_size", 0) == 1024
 
 
-def _raise_unknown(what: str, keys: list[str]) -> None:
+def _raise_unknown(what: str, keys: list[str], layout: str = "SD 1.x") -> None:
     if keys:
         shown = ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
-        raise UserError(f"the {what} has weights the SD 1.x single-file layout has no place for: {shown}")
+        raise UserError(f"the {what} has weights the {layout} single-file layout has no place for: {shown}")
 
 
 def _components(source) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:

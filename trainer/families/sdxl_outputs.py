@@ -4,7 +4,9 @@
   reads it, per-model `lora_adapter_metadata` carrying rank and alpha) and `<name>_kohya.safetensors` (kohya
   keys `lora_unet_` / `lora_te1_` / `lora_te2_` over diffusers module paths, the names ComfyUI's and diffusers'
   kohya loaders map, with `ss_*` / `modelspec.*` metadata);
-- full fine-tune: a diffusers folder `diffusers/` (single-file SDXL export is not written yet).
+- full fine-tune: a diffusers folder `diffusers/` and, when `full.save_single_file` (the default), one
+  original-layout (SGM) `<name>.safetensors` in fp16 that A1111 / ComfyUI / Forge load
+  (trainer.export.sdxl_checkpoint).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+
+import torch
 
 from trainer.export.kohya import UNET_PREFIX, clip_module_path, convert_lora_state, kohya_metadata, kohya_module_name
 from trainer.export.lora_files import (
@@ -104,7 +108,11 @@ def save_sdxl_outputs(family, out_dir: Path, *, step: int) -> list[str]:
         ema.copy_to(unwrap_model(family.unet).parameters())
     folder = out_dir / "diffusers"
     family.pipeline().save_pretrained(folder, safe_serialization=True)
+    outputs = [str(folder)]
     if cfg.full.save_single_file:
-        family.ctx.log_warning("full.save_single_file: SDXL single-file export is not available yet; "
-                               "the diffusers folder is the output")
-    return [str(folder)]
+        from trainer.export.sdxl_checkpoint import save_sdxl_single_file
+
+        single = out_dir / f"{cfg.name}.safetensors"
+        save_sdxl_single_file(folder, single, dtype=torch.float16)
+        outputs.append(str(single))
+    return outputs
