@@ -10,10 +10,7 @@ and turns rounding-level differences of near-zero gradients into lr-sized steps;
 - the output folder loads with FluxPipeline.from_pretrained and holds the trained weights.
 """
 
-from pathlib import Path
-
 import pytest
-import torch
 
 from tests.engine_helpers import BASE, assert_same_weights, final_weights, launch, log_of, progress
 from trainer.config import load_config

@@ -125,6 +125,11 @@ def test_fsdp_is_refused_where_it_cannot_work():
         sized_plan(CPU, None, "devices=cpu:2", "method=full", "full.ema=true", "distributed.sharding=fsdp",
                    "batch.total=2")
     assert "full.ema" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        sized_plan(CPU, None, "devices=cpu:2", "model.family=detection", "model.path=fcos_tiny",
+                   "detection.weights=none", "method=full", "distributed.sharding=fsdp",
+                   "batch.total=2")
+    assert "fsdp is for the diffusion families" in str(err.value)
     assert sized_plan(CPU, None, "devices=cpu:2", "method=full", "distributed.sharding=fsdp",
                       "batch.total=2").sharding == "fsdp"
 

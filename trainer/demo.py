@@ -310,17 +310,19 @@ def ensure_demo_assets(root) -> dict[str, Path]:
         MODEL_DIR: (make_tiny_sd, "model_index.json"),
         DATA_DIR: (make_demo_dataset, "0000_red_circle.txt"),
     }
-    paths: dict[str, Path] = {}
-    for name, (build, marker) in builders.items():
-        target = root / name
-        if not target.exists():
-            _build_atomically(build, target)
-        if not (target / marker).is_file():
-            raise UserError(
-                f"{target} exists but is not a complete demo asset (no {marker}). Delete it and it will be rebuilt."
-            )
-        paths[name] = target
-    return paths
+    return {name: ensure_asset(root / name, build, marker) for name, (build, marker) in builders.items()}
+
+
+def ensure_asset(target: Path, build, marker: str) -> Path:
+    """`build(folder)` into `target` unless it exists (atomically, see ensure_demo_assets); `marker` is the
+    file a complete asset has."""
+    if not target.exists():
+        _build_atomically(build, target)
+    if not (target / marker).is_file():
+        raise UserError(
+            f"{target} exists but is not a complete demo asset (no {marker}). Delete it and it will be rebuilt."
+        )
+    return target
 
 
 def _build_atomically(build, target: Path) -> None:

@@ -9,15 +9,12 @@ function of the seed, so every machine builds the same files.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
 
-from trainer.errors import UserError
+from trainer.demo import ensure_asset
 
 ASSET = "shapes-coco"
 CLASSES = ("circle", "square", "triangle")
@@ -108,22 +105,7 @@ def ensure_detection_demo(root) -> dict[str, Path]:
     """Create `root/shapes-coco` once (atomically: built in a temp folder, then renamed); return its path."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    target = root / ASSET
-    if not target.exists():
-        tmp = Path(tempfile.mkdtemp(prefix=f".{ASSET}-", dir=root))
-        try:
-            make_shapes_coco(tmp)
-            os.chmod(tmp, 0o755)
-            try:
-                os.rename(tmp, target)
-            except OSError:
-                if not target.exists():
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    if not (target / MARKER).is_file():
-        raise UserError(f"{target} exists but is not a complete demo asset (no {MARKER}). Delete it and it will be "
-                        "rebuilt.")
+    target = ensure_asset(root / ASSET, make_shapes_coco, MARKER)
     return {ASSET: target}
 
 

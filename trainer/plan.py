@@ -210,7 +210,10 @@ def make_plan(config: Config, hw: Hardware, parameters: int | None = None) -> Pl
     sharding, sharding_notes = choose_sharding(config, hw, device, world, parameters)
     notes += sharding_notes
     if sharding == "fsdp":
-        if config.method != "full":
+        if config.model.family == "detection":
+            problems.append("distributed.sharding: fsdp is for the diffusion families; a torchvision detector fits "
+                            "on one GPU: use sharding=auto or ddp")
+        elif config.method != "full":
             problems.append("distributed.sharding: fsdp is for full fine-tunes (method=full); a LoRA's base "
                             "weights are frozen and small next to activations: use sharding=auto or ddp")
         if config.full.ema:

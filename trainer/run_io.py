@@ -35,6 +35,8 @@ def _write_samples(run, step: int, indexed) -> None:
 
 def draw_samples(run) -> None:
     step = run.state.step
+    if run.sharding.enabled and not run.config.sample.prompts:
+        return  # nothing to draw (only diffusion families shard, and they draw prompts): skip gathering weights
     run.phase = f"rank 0 drawing samples at step {step}"
     # FSDP: rank 0 samples with a gathered copy, in bf16 under a bf16 plan (FLUX: 24 GB, not 48 GB of fp32)
     dtype = torch.bfloat16 if run.plan.precision == "bf16" else torch.float32

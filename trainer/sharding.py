@@ -44,7 +44,7 @@ class Sharding:
         """Shard each module in place (its blocks, then the module itself); returns them for the loop."""
         if not self.enabled:
             return modules
-        FSDPModule, fully_shard = _fsdp()
+        _, fully_shard = _fsdp()
         for module in modules:
             units = set(getattr(module, "_no_split_modules", None) or ())
             # innermost first: a unit may sit inside another (a UNet's CrossAttnUpBlock2D holds ResnetBlock2Ds),

@@ -211,17 +211,25 @@ def save_single_file(
     Floating-point weights are cast to ``dtype`` (fp16 is what A1111/ComfyUI users expect: half the size, and
     they run in fp16 anyway); integer buffers are kept. Returns the path written.
     """
+    unet, vae, text_encoder = _components(pipeline_dir_or_components)
+    return write_checkpoint(to_ldm_state_dict(unet, vae, text_encoder), out_file, dtype=dtype,
+                            architecture="stable-diffusion-v1", metadata=metadata)
+
+
+def write_checkpoint(state: Mapping[str, torch.Tensor], out_file: str | os.PathLike, *, dtype: torch.dtype,
+                     architecture: str, metadata: Mapping[str, str] | None = None) -> Path:
+    """One original-layout `.safetensors` with modelspec metadata: floating-point tensors cast to `dtype`,
+    integer buffers kept; written to a `.partial` file and renamed, so a reader never sees half a file."""
     from safetensors.torch import save_file
 
-    unet, vae, text_encoder = _components(pipeline_dir_or_components)
     state = {
         k: (v.detach().to("cpu", dtype) if v.is_floating_point() else v.detach().to("cpu")).contiguous()
-        for k, v in to_ldm_state_dict(unet, vae, text_encoder).items()
+        for k, v in state.items()
     }
     header = {
         "format": "pt",
         "modelspec.sai_model_spec": "1.0.0",
-        "modelspec.architecture": "stable-diffusion-v1",
+        "modelspec.architecture": architecture,
         "modelspec.implementation": "https://github.com/Stability-AI/generative-models",
         "modelspec.title": Path(out_file).stem,
         **{k: str(v) for k, v in (metadata or {}).items()},
@@ -230,5 +238,5 @@ def save_single_file(
     out_file.parent.mkdir(parents=True, exist_ok=True)
     partial = out_file.with_name(out_file.name + ".partial")
     save_file(state, str(partial), metadata=header)
-    os.replace(partial, out_file)  # a reader never sees half a file
+    os.replace(partial, out_file)
     return out_file

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from trainer.errors import UserError
-from trainer.export.ldm_checkpoint import _raise_unknown, clip_to_ldm, unet_to_ldm, vae_to_ldm
+from trainer.export.ldm_checkpoint import _raise_unknown, clip_to_ldm, unet_to_ldm, vae_to_ldm, write_checkpoint
 
 LAYOUT = "SDXL"
 UNET_EXTRA = {"add_embedding.linear_1": "label_emb.0.0", "add_embedding.linear_2": "label_emb.0.2"}
@@ -134,25 +134,6 @@ def save_sdxl_single_file(
     Floating-point weights are cast to ``dtype`` (fp16, what A1111/ComfyUI users expect); integer buffers are
     kept. Returns the path written; a reader never sees a half-written file.
     """
-    from safetensors.torch import save_file
-
     models = _components(pipeline_dir_or_components, dtype)
-    state = {
-        k: (v.detach().to("cpu", dtype) if v.is_floating_point() else v.detach().to("cpu")).contiguous()
-        for k, v in to_sdxl_state_dict(**models).items()
-    }
-    del models
-    header = {
-        "format": "pt",
-        "modelspec.sai_model_spec": "1.0.0",
-        "modelspec.architecture": "stable-diffusion-xl-v1-base",
-        "modelspec.implementation": "https://github.com/Stability-AI/generative-models",
-        "modelspec.title": Path(out_file).stem,
-        **{k: str(v) for k, v in (metadata or {}).items()},
-    }
-    out_file = Path(out_file)
-    out_file.parent.mkdir(parents=True, exist_ok=True)
-    partial = out_file.with_name(out_file.name + ".partial")
-    save_file(state, str(partial), metadata=header)
-    os.replace(partial, out_file)
-    return out_file
+    return write_checkpoint(to_sdxl_state_dict(**models), out_file, dtype=dtype,
+                            architecture="stable-diffusion-xl-v1-base", metadata=metadata)

@@ -12,27 +12,16 @@ the transformer alone is `output/diffusers/transformer/`. A LoRA:
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 
 
 def flow_metadata(family, step: int) -> dict:
-    cfg = family.cfg
-    return {
-        "name": cfg.name,
-        "base_model": cfg.model.path,
-        "family": family.name,
-        "steps": step,
-        "batch_total": cfg.batch.total,
-        "lr": cfg.train.lr,
-        "resolution": cfg.data.resolution,
-        "seed": cfg.seed,
-        "trigger": cfg.data.instance_prompt or "",
-        "timestep_sampling": cfg.flow.timestep_sampling,
-        "lora_blocks": cfg.flow.lora_blocks,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-    }
+    from trainer.families.sd_outputs import run_metadata
+
+    flow = family.cfg.flow
+    return {**run_metadata(family, step), "family": family.name, "timestep_sampling": flow.timestep_sampling,
+            "lora_blocks": flow.lora_blocks}
 
 
 def save_flow_lora(family, out_dir: Path, *, step: int) -> list[str]:

@@ -15,8 +15,6 @@ import math
 import os
 from pathlib import Path
 
-import torch
-
 from trainer.export.kohya import UNET_PREFIX, clip_module_path, convert_lora_state, kohya_metadata, kohya_module_name
 from trainer.export.lora_files import (
     _METADATA_ARGS,
@@ -29,7 +27,7 @@ from trainer.export.lora_files import (
     diffusers_adapter_metadata,
     unwrap,
 )
-from trainer.families.sd_outputs import training_metadata
+from trainer.families.sd_outputs import save_full, training_metadata
 
 TE_PREFIXES = ("lora_te1", "lora_te2")
 
@@ -103,16 +101,6 @@ def save_sdxl_outputs(family, out_dir: Path, *, step: int) -> list[str]:
         from trainer.families.text_cache import onload
 
         onload(family.ctx.device, family.text_encoder, family.text_encoder_2)
-    ema = getattr(family, "ema", None)
-    if ema is not None:
-        ema.copy_to(unwrap_model(family.unet).parameters())
-    folder = out_dir / "diffusers"
-    family.pipeline().save_pretrained(folder, safe_serialization=True)
-    outputs = [str(folder)]
-    if cfg.full.save_single_file:
-        from trainer.export.sdxl_checkpoint import save_sdxl_single_file
+    from trainer.export.sdxl_checkpoint import save_sdxl_single_file
 
-        single = out_dir / f"{cfg.name}.safetensors"
-        save_sdxl_single_file(folder, single, dtype=torch.float16)
-        outputs.append(str(single))
-    return outputs
+    return save_full(family, out_dir, save_sdxl_single_file)
