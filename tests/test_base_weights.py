@@ -1,6 +1,8 @@
-"""`model.base_weights: fp8`: a LoRA run keeps the frozen UNet / transformer in float8 (half of bf16's memory),
-upcast layer by layer for each forward, and still learns; the adapter stays fp32. In process, on the tiny
-offline SDXL and FLUX models (CPU; diffusers' layerwise casting works the same there)."""
+"""`model.base_weights`: a LoRA run keeps the frozen UNet / transformer in float8 (`fp8`, half of bf16's memory,
+upcast layer by layer for each forward) or in 4-bit NormalFloat (`nf4`, torchao's NF4Tensor, dequantized inside
+each matmul), and still learns; the adapter stays fp32. In process on the tiny offline SDXL and FLUX models (CPU;
+diffusers' layerwise casting and torchao's NF4 work the same there), and NF4 through the real launcher on 1 and 2
+processes."""
 
 import pytest
 import torch
@@ -43,7 +45,7 @@ def test_fp8_base_weights_store_the_network_in_float8_and_the_lora_still_learns(
     assert base and all(m.weight.dtype == torch.float8_e4m3fn for m in base)  # every adapted layer
     assert len(stored) > 0.8 * len(linear), (len(stored), len(linear))  # and most of the others
     convs = [m for m in network.modules() if isinstance(m, torch.nn.Conv2d)]
-    assert all(m.weight.dtype == torch.float32 for m in convs)  # kept: see trainer.precision.store_base_weights
+    assert all(m.weight.dtype == torch.float32 for m in convs)  # kept: see trainer.precision.place_frozen_network
     trained = [p for p in network.parameters() if p.requires_grad]
     assert trained and all(p.dtype == torch.float32 for p in trained)
 
@@ -61,6 +63,71 @@ def test_fp8_base_weights_store_the_network_in_float8_and_the_lora_still_learns(
     assert losses[0] == pytest.approx(ref_losses[0], rel=0.05) and losses[0] != ref_losses[0]
 
 
+@pytest.mark.parametrize("name", ["sdxl", "flux"])
+def test_nf4_base_weights_store_every_linear_in_4_bits_and_the_lora_still_learns(tmp_path, models, mixed_data, name):
+    from torchao.quantization import NF4Tensor
+
+    family, stream = make_family(tmp_path / "nf4", name, models[name], mixed_data, "model.base_weights=nf4",
+                                 "sample.prompts=[a red circle]", "sample.steps=2", "sample.size=64")
+    network = _network(family)
+    lora_layers = {id(m) for name, m in network.named_modules() if "lora_" in name}
+    linear = [m for m in network.modules() if isinstance(m, torch.nn.Linear) and id(m) not in lora_layers]
+    base = [m.base_layer for m in network.modules() if hasattr(m, "base_layer")]
+    assert base and linear and all(isinstance(m.weight, NF4Tensor) for m in linear)  # adapted layers included
+    trained = [p for p in network.parameters() if p.requires_grad]
+    assert trained and all(p.dtype == torch.float32 and not isinstance(p, NF4Tensor) for p in trained)
+
+    reference, ref_stream = make_family(tmp_path / "default", name, models[name], mixed_data)
+    # 4 bits per weight plus the scales: a block of 64 weights keeps one int8 scale, 256 of those one fp32 factor
+    nf4_bytes = sum(m.weight.quantized_data.nbytes + m.weight.quantized_scalers.nbytes
+                    + m.weight.quantization_factor.nbytes for m in linear)
+    full_bytes = sum(m.weight.numel() * 4 for m in linear)  # fp32 on the CPU
+    assert nf4_bytes < 0.15 * full_bytes, (nf4_bytes, full_bytes)
+
+    losses, ref_losses = _losses(family, stream), _losses(reference, ref_stream)
+    assert losses[-1] < losses[0], losses
+    # the same draws through weights rounded to 4 bits: near the full-precision loss, not identical
+    assert losses[0] == pytest.approx(ref_losses[0], rel=0.1) and losses[0] != ref_losses[0]
+    [(prompt, image)] = family.render_samples(step=4)  # the sampling pipeline runs on the 4-bit network too
+    assert prompt == "a red circle" and image.size == (64, 64)
+
+
+def test_nf4_lora_on_two_processes_matches_one_and_loads_in_diffusers(tmp_path, models, mixed_data):
+    """Through the real launcher (torchrun, gloo DDP): DDP leaves the 4-bit frozen weights alone and averages the
+    adapter's gradients, so 2 processes x 1 train the same LoRA as 1 x 2; the LoRA file loads onto the plain
+    (unquantized) FLUX pipeline, which is how it is used for inference."""
+    from diffusers import FluxPipeline
+
+    from tests.engine_helpers import assert_same_weights, final_weights, launch, log_of
+
+    base = [f"model.path={models['flux']}", "model.family=flux", f"data.path={mixed_data}", "precision=fp32",
+            "model.base_weights=nf4", "batch.total=2", "train.steps=2", "train.optimizer=sgd", "train.lr=0.5",
+            "sample.every=0", "checkpoint.every=0", "data.resolution=64", "data.flip=false", "lora.rank=4",
+            "lora.alpha=8", "flow.max_sequence_length=16", "sample.prompts=[]"]
+    one_dir, final = launch(tmp_path, load_config(None, [*base, "devices=cpu:1", "batch.per_device=2", "name=one"]))
+    assert final["type"] == "done", log_of(one_dir)
+    two_dir, final = launch(tmp_path, load_config(None, [*base, "devices=cpu:2", "batch.per_device=1", "name=two"]))
+    assert final["type"] == "done", log_of(two_dir)
+    trained = final_weights(one_dir)
+    assert_same_weights(trained, final_weights(two_dir))
+
+    pipe = FluxPipeline.from_pretrained(models["flux"])
+    pipe.load_lora_weights(two_dir / "output")
+    loaded = {n: p for n, p in pipe.transformer.named_parameters() if "lora_" in n}
+    assert len(loaded) == len(trained)
+    for name, value in trained.items():
+        torch.testing.assert_close(_loaded(loaded, name), value)
+
+
+def _loaded(loaded: dict, checkpoint_name: str) -> torch.Tensor:
+    """The parameter diffusers created for a checkpoint key (`transformer.<path>.lora_A.weight`: peft names it
+    `<path>.lora_A.<adapter>.weight`, the adapter name chosen by diffusers)."""
+    path, kind = checkpoint_name.removeprefix("transformer.").split(".lora_")
+    matches = [v for k, v in loaded.items() if k.startswith(f"{path}.lora_{kind.split('.')[0]}.")]
+    assert len(matches) == 1, (checkpoint_name, matches)
+    return matches[0]
+
+
 def test_fp8_base_weights_are_refused_where_they_cannot_help():
     with pytest.raises(ConfigError) as err:
         load_config(None, ["model.base_weights=fp8", "train.gradient_checkpointing=false"], check_paths=False)
@@ -69,3 +136,11 @@ def test_fp8_base_weights_are_refused_where_they_cannot_help():
         load_config(None, ["model.base_weights=fp8", "method=full", "train.gradient_checkpointing=true"],
                     check_paths=False)
     assert "is for LoRA" in str(err.value)
+
+
+def test_nf4_base_weights_are_for_lora_only():
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["model.base_weights=nf4", "method=full"], check_paths=False)
+    assert "nf4 is for LoRA" in str(err.value)
+    config = load_config(None, ["model.base_weights=nf4", "train.gradient_checkpointing=false"], check_paths=False)
+    assert config.model.base_weights == "nf4"  # the backward keeps the 4-bit weight: no checkpointing needed

@@ -57,12 +57,14 @@ class ModelConfig:
     base_weights: str = key(
         "default",
         "How a LoRA run stores the frozen network it adapts (UNet / transformer): `default` (the plan's precision: "
-        "bf16 or fp16 on GPUs, fp32 on the CPU) or `fp8` (float8 e4m3: half the memory of bf16, FLUX's transformer "
+        "bf16 or fp16 on GPUs, fp32 on the CPU); `fp8` (float8 e4m3: half the memory of bf16, FLUX's transformer "
         "12 GB instead of 24; each layer is upcast to the plan's precision for its own forward by diffusers' "
-        "layerwise casting, with a small loss of precision in the frozen weights). fp8 needs "
-        "train.gradient_checkpointing: without it every upcast weight is kept for the backward pass and nothing "
-        "is saved. (4-bit NF4 is not supported yet.)",
-        choices=("default", "fp8"),
+        "layerwise casting; needs train.gradient_checkpointing, without it every upcast weight is kept for the "
+        "backward pass and nothing is saved); or `nf4` (4-bit NormalFloat, QLoRA's format, through torchao: about "
+        "a quarter of bf16's memory for the Linear layers, FLUX's transformer near 7 GB; dequantized inside each "
+        "matmul, slower than fp8; `pip install 'imagetune[nf4]'`). Both round the frozen weights a little; the "
+        "LoRA itself always trains in fp32.",
+        choices=("default", "fp8", "nf4"),
     )
 
 
@@ -160,8 +162,8 @@ class DataConfig:
     cache_text_embeddings: Optional[bool] = key(
         None,
         "Encode each caption with the text encoders once (cached on disk), then move the frozen encoders off the "
-        "GPU; ignored while a text encoder is trained. Unset: the family's default (on for SDXL). SD 1.x/2.x "
-        "always encodes captions per step.",
+        "GPU; ignored while a text encoder is trained. Unset: the family's default (on for SDXL, SD3 and FLUX, whose "
+        "samples then come from the cached prompt embeddings too). SD 1.x/2.x always encodes captions per step.",
     )
 
 

@@ -5,6 +5,7 @@ Checks that depend on the machine (GPU count, bf16 support, xformers, bitsandbyt
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from pathlib import Path
@@ -112,13 +113,16 @@ def validate(config: Config, *, check_paths: bool = True) -> list[str]:
             p.append(f"lora.dropout: must be in [0, 1), got {lora.dropout}")
         if not lora.unet_targets:
             p.append("lora.unet_targets: needs at least one module name, e.g. [to_q, to_k, to_v, to_out.0]")
-    if config.model.base_weights == "fp8":
-        if config.method != "lora" or detection:
-            p.append("model.base_weights: fp8 is for LoRA on the diffusion families (a full fine-tune trains every "
-                     "weight in fp32); set model.base_weights=default")
-        elif not config.train.gradient_checkpointing:
-            p.append("model.base_weights: fp8 saves memory only with train.gradient_checkpointing=true (otherwise "
-                     "each layer's upcast weights are kept for the backward pass): set it, or base_weights=default")
+    base_weights = config.model.base_weights
+    if base_weights != "default" and (config.method != "lora" or detection):
+        p.append(f"model.base_weights: {base_weights} is for LoRA on the diffusion families (a full fine-tune "
+                 "trains every weight in fp32); set model.base_weights=default")
+    elif base_weights == "fp8" and not config.train.gradient_checkpointing:
+        p.append("model.base_weights: fp8 saves memory only with train.gradient_checkpointing=true (otherwise "
+                 "each layer's upcast weights are kept for the backward pass): set it, or base_weights=default")
+    elif base_weights == "nf4" and importlib.util.find_spec("torchao") is None:
+        p.append("model.base_weights: nf4 needs torchao, which is not installed: `pip install 'imagetune[nf4]'`, "
+                 "or set model.base_weights=fp8 (built in) or default")
     if config.method == "full" and not 0 < config.full.ema_decay < 1:
         p.append(f"full.ema_decay: must be between 0 and 1, got {config.full.ema_decay}")
     _positive(p, "sample.every", config.sample.every, allow_zero=True)

@@ -2,6 +2,10 @@
 encoders, LoRA on the transformer. The data side (scan, VAE latent cache, prior preservation, per-position
 randomness) is the SD family's, inherited; the maths is `flow_matching`. Subclasses say how to encode captions,
 how to call the transformer, which layers get LoRA, and the timestep shift.
+
+Text: the encoders are frozen, so every caption, sample prompt and negative prompt is encoded once into the
+disk cache (`trainer.families.text_cache`, keyed by the captions and the encoders) and the encoders then leave
+the GPU for good: T5-XXL alone is 9 GB in bf16. Samples are drawn from the cached embeddings.
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ from trainer.data.images import torch_generator
 from trainer.data.stream import position_seed
 from trainer.errors import UserError
 from trainer.families import flow_matching as fm
+from trainer.families import text_cache
 from trainer.families.sd import StableDiffusionFamily
-from trainer.precision import frozen_dtype, store_base_weights
+from trainer.precision import frozen_dtype, place_frozen_network
 
 
 class FlowMatchingFamily(StableDiffusionFamily):
@@ -48,19 +53,19 @@ class FlowMatchingFamily(StableDiffusionFamily):
         base_dtype = frozen_dtype(plan.precision, "lora")  # of the always-frozen parts: VAE and text encoders
         # fp16 turns FLUX/SD3 losses into NaN (sd-scripts #1571, #1407): VAE and T5 stay fp32 under fp16.
         self.vae.to(device, dtype=torch.float32 if plan.precision == "fp16" else base_dtype)
-        self.transformer.to(device, dtype=frozen_dtype(plan.precision, cfg.method))
+        place_frozen_network(self.transformer, cfg.model.base_weights, device, frozen_dtype(plan.precision, cfg.method))
         for name, te in zip(self.text_encoder_names, self.text_encoders):
             te.to(device, dtype=torch.float32 if plan.precision == "fp16" and name == self.t5_name else base_dtype)
         if cfg.method == "full":
             self.transformer.requires_grad_(True)  # fp32 (frozen_dtype); FSDP shards it when it does not fit
         else:
-            store_base_weights(self.transformer, cfg.model.base_weights, compute_dtype=base_dtype)
             self._add_lora()
         if cfg.train.gradient_checkpointing:
             self.transformer.enable_gradient_checkpointing()
         self.transformer.train()
         self.unet = self.transformer  # the SD family's name for the trained network
-        self.text_embeddings: dict[str, dict[str, torch.Tensor]] = {}
+        self.text_embeddings: dict[str, dict[str, torch.Tensor]] = {}  # without the disk cache: per run, in memory
+        self.text_cache: text_cache.TextEmbeddings | None = None
 
     def _add_lora(self) -> None:
         cfg = self.cfg
@@ -125,9 +130,39 @@ class FlowMatchingFamily(StableDiffusionFamily):
         """The frozen encoders' outputs for one caption (batch dimension 1), on the device."""
         raise NotImplementedError
 
+    def texts_for(self, prompt: str, negative_prompt: str) -> list[str]:
+        """What the pipeline encodes to sample one prompt (SD3 adds the negative prompt of its guidance)."""
+        return [prompt]
+
+    def prepare_data(self) -> int:
+        count = super().prepare_data()
+        if text_cache.cache_text_embeddings(self.cfg, family_default=True):
+            self._cache_text()
+        return count
+
+    def _cache_text(self) -> None:
+        cfg, ctx = self.cfg, self.ctx
+        captions = [item.caption for item in self.images]
+        captions += [t for prompt in cfg.sample.prompts for t in self.texts_for(prompt, cfg.sample.negative_prompt)]
+        model = {"family": self.name, "path": cfg.model.path, "revision": cfg.model.revision,
+                 "encoders": [te.config.to_dict() for te in self.text_encoders],
+                 "max_length": self.max_sequence_length(), "dtype": [str(te.dtype) for te in self.text_encoders]}
+        folder = ctx.cache_dir / "text" / text_cache.text_cache_key(model, captions)
+
+        def encode(batch: list[str]) -> dict[str, torch.Tensor]:
+            rows = [self.encode_caption(caption) for caption in batch]
+            return {k: torch.cat([row[k] for row in rows]) for k in rows[0]}
+
+        self.text_cache = text_cache.build_text_cache(folder, captions, encode, rank=ctx.rank,
+                                                      world_size=ctx.world_size,
+                                                      barrier=ctx.accelerator.wait_for_everyone, device=ctx.device)
+        text_cache.offload(*self.text_encoders)
+
     @torch.no_grad()
     def _text(self, captions: list[str]) -> dict[str, torch.Tensor]:
-        """Batched text conditioning. Encoders are frozen, so each caption is encoded once per run (in memory)."""
+        """Batched text conditioning: from the disk cache, or (cache off) each caption encoded once per run."""
+        if self.text_cache is not None:
+            return self.text_cache.stack(captions)
         for caption in captions:
             if caption not in self.text_embeddings:
                 self.text_embeddings[caption] = {k: v.detach() for k, v in self.encode_caption(caption).items()}
@@ -168,28 +203,54 @@ class FlowMatchingFamily(StableDiffusionFamily):
     def sample_kwargs(self, negative_prompt: str) -> dict:
         return {"max_sequence_length": self.max_sequence_length()}
 
+    def embedded_prompt_kwargs(self, prompt: str, negative_prompt: str) -> dict:
+        """The pipeline's prompt arguments as cached embeddings (its text encoders are on the CPU)."""
+        raise NotImplementedError
+
+    def _cached(self, caption: str) -> dict[str, torch.Tensor]:
+        dtype = self.text_encoders[0].dtype  # what the pipeline's own encoding would have produced
+        return {k: v[None].to(self.ctx.device, dtype) for k, v in self.text_cache.get(caption).items()}
+
+    def _sampling_pipeline(self, from_cache: bool):
+        """The run's pipeline with the trained transformer (under FSDP: a plain model with the gathered weights);
+        without its text encoders when the prompts come from the cache, so that nothing runs on the CPU copies
+        and the pipeline's device is the transformer's."""
+        components = {**self.pipe.components, "transformer": self.ctx.unwrap(self.transformer)}
+        if from_cache:
+            components.update({name: None for name in self.text_encoder_names})
+        pipe = self.pipeline_class(**components)
+        pipe.set_progress_bar_config(disable=True)
+        return pipe
+
     @torch.no_grad()
     def sample(self, prompts: list[str], seeds: list[int], *, size: int | None = None, steps: int = 25,
                guidance_scale: float = 7.5, negative_prompt: str = ""):
-        pipe = self.pipe
-        pipe.set_progress_bar_config(disable=True)
+        cache = self.text_cache
+        from_cache = cache is not None and all(t in cache for p in prompts for t in self.texts_for(p, negative_prompt))
+        if cache is not None and not from_cache:  # a prompt the cache has not seen: the encoders come back
+            text_cache.onload(self.ctx.device, *self.text_encoders)
+        pipe = self._sampling_pipeline(from_cache)
         size = size or self.cfg.data.resolution
         self.transformer.eval()
-        pipe.transformer = self.ctx.unwrap(self.transformer)  # under FSDP: a plain model with the gathered weights
         images = []
         try:
             for prompt, seed in zip(prompts, seeds):
                 gen = torch.Generator(self.ctx.device).manual_seed(seed)
+                if from_cache:
+                    text = self.embedded_prompt_kwargs(prompt, negative_prompt)
+                else:
+                    text = {"prompt": prompt, **self.sample_kwargs(negative_prompt)}
                 # The plan's precision, not the transformer's dtype: a full fine-tune's fp32 transformer meets
                 # the bf16 text encoders' embeddings here
                 low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.ctx.plan.precision)
                 with torch.autocast(self.ctx.device.type, dtype=low or torch.float32, enabled=low is not None):
-                    out = pipe(prompt, height=size, width=size, num_inference_steps=steps, generator=gen,
-                               guidance_scale=guidance_scale, **self.sample_kwargs(negative_prompt))
+                    out = pipe(height=size, width=size, num_inference_steps=steps, generator=gen,
+                               guidance_scale=guidance_scale, **text)
                 images.append(out.images[0])
         finally:
-            pipe.transformer = self.transformer
             self.transformer.train()
+            if cache is not None and not from_cache:
+                text_cache.offload(*self.text_encoders)
         return images
 
     def save_outputs(self, out_dir: Path, *, step: int) -> list[str]:

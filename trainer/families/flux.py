@@ -73,3 +73,7 @@ class FluxFamily(FlowMatchingFamily):
     def sample_kwargs(self, negative_prompt: str) -> dict:
         # FLUX has no classic negative prompt (dev's guidance is distilled); schnell ignores guidance_scale.
         return {"max_sequence_length": self.max_sequence_length()}
+
+    def embedded_prompt_kwargs(self, prompt: str, negative_prompt: str) -> dict:
+        text = self._cached(prompt)
+        return {"prompt_embeds": text["embeds"], "pooled_prompt_embeds": text["pooled"]}

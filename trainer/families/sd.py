@@ -18,7 +18,7 @@ from trainer.families.base import WorkerContext
 from trainer.families.latent_cache import build_latent_cache, cache_key
 from trainer.families.prior import ensure_class_images
 from trainer.families.sd_loading import load_sd_components
-from trainer.precision import frozen_dtype, store_base_weights
+from trainer.precision import frozen_dtype, place_frozen_network
 
 
 class StableDiffusionFamily:
@@ -288,7 +288,7 @@ def setup_models(cfg, plan, device, *, unet, vae, text_encoders, train_text_enco
     base_dtype = frozen_dtype(plan.precision, cfg.method)
     # The VAE stays fp32 under fp16: SD VAEs (SDXL's above all) overflow to NaN latents in fp16 (black samples).
     vae.to(device, dtype=torch.float32 if plan.precision == "fp16" else base_dtype)
-    unet.to(device, dtype=base_dtype)
+    place_frozen_network(unet, cfg.model.base_weights, device, base_dtype)  # fp8 / nf4: LoRA only (validated)
     for text_encoder in text_encoders:
         text_encoder.to(device, dtype=base_dtype)
     if plan.attention == "xformers":
@@ -297,8 +297,6 @@ def setup_models(cfg, plan, device, *, unet, vae, text_encoders, train_text_enco
     torch.manual_seed(cfg.seed)  # identical adapter init on every rank and every world size
     if cfg.method == "lora":
         from peft import LoraConfig
-
-        store_base_weights(unet, cfg.model.base_weights, compute_dtype=base_dtype)
 
         def adapter(targets, **extra):
             return LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,

@@ -42,3 +42,11 @@ class SD3Family(FlowMatchingFamily):
 
     def sample_kwargs(self, negative_prompt: str) -> dict:
         return {"max_sequence_length": self.max_sequence_length(), "negative_prompt": negative_prompt or None}
+
+    def texts_for(self, prompt: str, negative_prompt: str) -> list[str]:
+        return [prompt, negative_prompt or ""]  # the pipeline encodes "" when there is no negative prompt
+
+    def embedded_prompt_kwargs(self, prompt: str, negative_prompt: str) -> dict:
+        text, negative = self._cached(prompt), self._cached(negative_prompt or "")
+        return {"prompt_embeds": text["embeds"], "pooled_prompt_embeds": text["pooled"],
+                "negative_prompt_embeds": negative["embeds"], "negative_pooled_prompt_embeds": negative["pooled"]}
