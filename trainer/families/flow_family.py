@@ -257,5 +257,5 @@ class FlowMatchingFamily(StableDiffusionFamily):
         from trainer.families.flow_outputs import save_flow_full, save_flow_lora
 
         if self.cfg.method == "full":
-            return save_flow_full(self, out_dir)
+            return save_flow_full(self, out_dir, step=step)
         return save_flow_lora(self, out_dir, step=step)
