@@ -251,6 +251,17 @@ def frozen_bf16(module):
         diffusers_logging.set_verbosity(level)
 
 
+def store_base_weights(net, spec: dict, device) -> None:
+    """`--base-weights fp8 | nf4`: the frozen network stored as the engine stores it for `model.base_weights`
+    (trainer.precision.place_frozen_network), before LoRA is added."""
+    import torch
+
+    from trainer.precision import place_frozen_network
+
+    if spec.get("base_weights", "default") != "default":
+        place_frozen_network(net, spec["base_weights"], device, torch.bfloat16)
+
+
 def n_params(module) -> int:
     return sum(p.numel() for p in module.parameters())
 
@@ -348,6 +359,7 @@ class SDXLWorkload(Workload):
         torch.manual_seed(0)
         with torch.device(self.device):
             unet = frozen_bf16(UNet2DConditionModel(**self.spec["net"]))
+        store_base_weights(unet, self.spec, self.device)
         unet.set_attn_processor(AttnProcessor2_0())  # SDPA
         # SD's scaled-linear schedule (beta 0.00085..0.012, 1000 steps): only used to noise the latents.
         betas = torch.linspace(0.00085**0.5, 0.012**0.5, 1000, device=self.device, dtype=torch.float64) ** 2
@@ -420,6 +432,7 @@ class FluxWorkload(Workload):
         torch.manual_seed(0)
         with torch.device(self.device):
             net = frozen_bf16(FluxTransformer2DModel(**self.spec["net"]))
+        store_base_weights(net, self.spec, self.device)
         lat = self.spec["latent_px"]
         # FluxPipeline._prepare_latent_image_ids: (H/2 * W/2, 3), channel 0 zero, then row and column; txt_ids are
         # zeros (T, 3). Both 2-D, as diffusers 0.42 expects.
@@ -713,6 +726,9 @@ def main(argv=None) -> int:
                    help="timed steps per configuration (default SDXL 10, FLUX 8; dry run 1)")
     p.add_argument("--warmup", type=int, default=None, help="warm-up steps per configuration (default 2; dry run 1)")
     p.add_argument("--lora-rank", type=int, default=16)
+    p.add_argument("--base-weights", choices=("default", "fp8", "nf4"), default="default",
+                   help="how the frozen network is stored, as model.base_weights (fp8: diffusers' layerwise casting; "
+                        "nf4: torchao's NF4Tensor); one storage per invocation, give each its own --out")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="the GPU's peak dense bf16 TFLOP/s, when its name is not in gpu_sd15.py's table")
     p.add_argument("--time-budget", type=float, default=330.0,
@@ -755,6 +771,7 @@ def main(argv=None) -> int:
     results, infos, errors = [], {}, {}
     for k, name in enumerate(models):
         spec = model_spec(name, dry)
+        spec["base_weights"] = args.base_weights
         batches = [int(b) for b in (batch_args[name] or ("1,2" if dry else ",".join(map(str, spec["batches"])))).split(",")]
         steps = args.steps or (1 if dry else spec["steps"])
         warmup = args.warmup if args.warmup is not None else (1 if dry else spec["warmup"])
@@ -766,8 +783,10 @@ def main(argv=None) -> int:
         info = infos[name] = {"label": spec["label"], "config": spec["net"], "vae_config": spec["vae"],
                               "text_encoder_configs": spec["text"], "text_tokens": spec["tokens"],
                               "lora_targets": spec["targets"], "image_px": spec["image_px"],
-                              "latent_px": spec["latent_px"], "batches": batches, "steps": steps, "warmup": warmup}
-        print(f"\n== {name}: {spec['label']}, {spec['image_px']} px; batches {batches}; {warmup} warm-up + {steps} "
+                              "latent_px": spec["latent_px"], "batches": batches, "steps": steps, "warmup": warmup,
+                              "base_weights": args.base_weights}
+        print(f"\n== {name}: {spec['label']}, {spec['image_px']} px, base weights {args.base_weights}; batches "
+              f"{batches}; {warmup} warm-up + {steps} "
               f"timed steps per configuration; starts at {now - t_begin:.0f} s, share until "
               f"{deadline - t_begin:.0f} s", flush=True)
         done = len(results)
