@@ -52,7 +52,7 @@ class Run:
         return self.accelerator.process_index
 
     def trainable_params(self):
-        return [p for group in self.optimizer.param_groups for p in group["params"]]
+        return self.sharding.trained_parameters(self.optimizer)
 
 
 class RunFailed(Exception):
@@ -83,13 +83,14 @@ def fit(run: Run) -> str:
         assert acc.sync_gradients, "accumulation out of step with the optimizer"
         mean_loss, finite, stop_requested = _reduce_step(losses, run.stop.requested(), acc.device)
         if finite:
-            run.amp.unscale(run.optimizer)
-            if cfg.train.max_grad_norm:
-                torch.nn.utils.clip_grad_norm_(run.trainable_params(), cfg.train.max_grad_norm)
-            if run.amp.step(run.optimizer) and run.ema is not None:
-                run.ema.step(run.trainable_params())
+            if not run.sharding.steps_in_backward:  # DeepSpeed clipped and stepped in the last backward
+                run.amp.unscale(run.optimizer)
+                if cfg.train.max_grad_norm:
+                    torch.nn.utils.clip_grad_norm_(run.trainable_params(), cfg.train.max_grad_norm)
+                if run.amp.step(run.optimizer) and run.ema is not None:
+                    run.ema.step(run.trainable_params())
             run.state.nonfinite_in_row = 0
-        else:
+        else:  # DeepSpeed: its gradient norm was not finite either, so it skipped the update too
             _on_nonfinite(run, step + 1, mean_loss)
         run.optimizer.zero_grad(set_to_none=True)
         run.scheduler.step()

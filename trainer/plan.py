@@ -28,7 +28,8 @@ class Plan:
     attention: str  # "sdpa" | "xformers"
     steps: int
     notes: tuple[str, ...] = field(default=())
-    sharding: str = "ddp"  # "ddp" | "fsdp" (trainer.sharding)
+    sharding: str = "ddp"  # "ddp" | "fsdp" (trainer.sharding) | "deepspeed" (trainer.deepspeed_zero)
+    zero_stage: int = 0  # DeepSpeed's ZeRO stage (1 or 2) when sharding is "deepspeed"
     # Aspect-ratio buckets ((width, height, images), the fullest first) when data.bucketing is on; filled in by
     # the launcher from the dataset scan (`with_buckets`), since the plan itself reads no files.
     buckets: tuple[tuple[int, int, int], ...] = field(default=())
@@ -46,13 +47,20 @@ class Plan:
         where = "cpu" if self.device == "cpu" else f"gpu {','.join(map(str, self.gpu_ids))}"
         line = (
             f"{head} x {self.per_device} per device x accumulation {self.accumulation} = batch {self.total}"
-            f" · {self.precision} · {self.attention}{' · fsdp' if self.sharding == 'fsdp' else ''} · {where}"
+            f" · {self.precision} · {self.attention}{self._sharding_text()} · {where}"
         )
         if self.buckets:
             from trainer.data.buckets import describe
 
             line += f" · buckets {describe(self.buckets)}"
         return line
+
+    def _sharding_text(self) -> str:
+        if self.sharding == "fsdp":
+            return " · fsdp"
+        if self.sharding == "deepspeed":
+            return f" · deepspeed zero-{self.zero_stage}"
+        return ""
 
     def event(self) -> dict:
         """The fields of the run's first event (`plan`)."""
@@ -147,6 +155,33 @@ def choose_sharding(config: Config, hw: Hardware, device: str, world: int,
                     f"{have_gb:.0f} GB); sharded across {world} processes: about {need_gb / world:.0f} GB each"]
 
 
+def _deepspeed_problems(config: Config, precision: str) -> list[str]:
+    """What DeepSpeed ZeRO (trainer.deepspeed_zero) cannot run, each with the way out."""
+    import importlib.util
+
+    out = []
+    key = "distributed.sharding: deepspeed"
+    if importlib.util.find_spec("deepspeed") is None:
+        out.append(f"{key} needs DeepSpeed, which is not installed: `pip install 'imagetune[deepspeed]'`, or use "
+                   "sharding=fsdp (built in)")
+    if config.model.family == "detection":
+        out.append(f"{key} is for the diffusion families; a torchvision detector fits on one GPU: use sharding=auto")
+    elif config.method != "full":
+        out.append(f"{key} is for full fine-tunes (method=full): a LoRA's optimizer state is small, there is "
+                   "nothing worth partitioning; use sharding=auto")
+    if precision == "fp16":
+        out.append(f"{key} runs with precision bf16 or fp32 (fp16's loss scaling would be DeepSpeed's, not ours): "
+                   "set precision=bf16")
+    if config.full.ema and config.method == "full":
+        out.append(f"full.ema is not supported with {key}: set full.ema=false")
+    trains_text_encoder = config.lora.train_text_encoder if config.method == "lora" else config.full.train_text_encoder
+    if trains_text_encoder:
+        out.append(f"{key} trains one network per run; set lora.train_text_encoder / full.train_text_encoder=false")
+    if config.train.optimizer not in ("adamw", "sgd"):
+        out.append(f"{key} works with train.optimizer adamw or sgd (got {config.train.optimizer})")
+    return out
+
+
 def make_plan(config: Config, hw: Hardware, parameters: int | None = None) -> Plan:
     """The plan for `config` on `hw`; raises ConfigError listing everything that cannot work here.
     `parameters`: the size of the network a full fine-tune trains (trainer.model_size), for the FSDP choice."""
@@ -219,6 +254,8 @@ def make_plan(config: Config, hw: Hardware, parameters: int | None = None) -> Pl
         if config.full.ema:
             problems.append("full.ema is not supported with distributed.sharding=fsdp yet: set full.ema=false, "
                             "or sharding=ddp if the model fits on one GPU")
+    if sharding == "deepspeed":
+        problems += _deepspeed_problems(config, precision)
     if problems:
         raise ConfigError(problems, "the plan")
     total, per_device, accumulation, batch_notes = resolve_batch(total, per_device, world)
@@ -235,4 +272,5 @@ def make_plan(config: Config, hw: Hardware, parameters: int | None = None) -> Pl
         steps=config.train.steps,
         notes=tuple(notes + batch_notes),
         sharding=sharding,
+        zero_stage=config.distributed.zero_stage if sharding == "deepspeed" else 0,
     )

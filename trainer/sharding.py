@@ -33,6 +33,8 @@ def _fsdp():
 class Sharding:
     """FSDP2 for the trainable modules when `enabled`; otherwise every method is what an unsharded run does."""
 
+    steps_in_backward = False  # the loop clips and steps the optimizer itself (DeepSpeed does it in backward)
+
     def __init__(self, enabled: bool, unwrap_model):
         self.enabled = enabled
         self._unwrap_model = unwrap_model  # the accelerator's, for unsharded modules
@@ -92,6 +94,10 @@ class Sharding:
         if self._plain is None or id(module) not in self._plain:
             raise RuntimeError("a sharded module's full weights exist only on rank 0 inside Sharding.gathered()")
         return self._plain[id(module)]
+
+    def trained_parameters(self, optimizer) -> list[torch.Tensor]:
+        """The parameters the optimizer updates (under FSDP: this rank's shards of them)."""
+        return [p for group in optimizer.param_groups for p in group["params"]]
 
     # ---- optimizer state in checkpoints -------------------------------------------------------------------
     def optimizer_state(self, optimizer) -> dict | None:

@@ -30,8 +30,6 @@ class _Silent:
 
 def setup(run_dir: Path, resume: Path | None):
     import torch
-    from accelerate import Accelerator
-    from accelerate.utils import InitProcessGroupKwargs
 
     from trainer.data.stream import make_stream
     from trainer.families import get_family
@@ -48,11 +46,7 @@ def setup(run_dir: Path, resume: Path | None):
     stop = StopRequest(run_dir)
     stop.install_signal_handlers()
     # Precision is ours (trainer.precision), so accelerate runs "no" mixed precision; it does DDP and accumulation.
-    acc = Accelerator(
-        cpu=plan.device == "cpu",
-        gradient_accumulation_steps=plan.accumulation,
-        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=config.distributed.timeout_s))],
-    )
+    acc = _accelerator(config, plan)
     if acc.num_processes != plan.world_size:
         raise RuntimeError(f"launched {acc.num_processes} processes but the plan says {plan.world_size}")
     events = EventLog(run_dir) if acc.is_main_process else _Silent()
@@ -68,6 +62,7 @@ def setup(run_dir: Path, resume: Path | None):
         # cuDNN's fused attention (one of SDPA's backends) crashed FLUX's backward with an illegal memory access on
         # an H200 (torch 2.11, cuDNN 9.19; bench/README.md); flash and memory-efficient attention are as fast.
         torch.backends.cuda.enable_cudnn_sdp(False)
+    deepspeed = plan.sharding == "deepspeed"
     sharding = Sharding(plan.sharding == "fsdp", acc.unwrap_model)
     ctx = WorkerContext(config=config, plan=plan, run_dir=run_dir, cache_dir=run_dir.parent / ".cache",
                         device=acc.device, rank=acc.process_index, world_size=acc.num_processes,
@@ -88,7 +83,19 @@ def setup(run_dir: Path, resume: Path | None):
         from diffusers.training_utils import EMAModel
 
         ema = EMAModel([p for g in optimizer.param_groups for p in g["params"]], decay=config.full.ema_decay)
-    if not sharding.enabled:
+    if deepspeed:  # the network and the optimizer are prepared together; `optimizer` stays the torch one
+        from trainer.deepspeed_zero import DeepSpeedZero
+
+        [network] = family.trainable_modules()  # the plan refuses a second trained module
+        sharding = DeepSpeedZero(acc.unwrap_model, [list(g["params"]) for g in optimizer.param_groups])
+        ctx.unwrap = sharding.unwrap
+        engine, _ = acc.prepare(network, optimizer)
+        if acc.distributed_type.value != "DEEPSPEED":  # accelerate may drop the plugin without a word
+            raise RuntimeError(f"distributed.sharding=deepspeed, but accelerate set up {acc.distributed_type.value}")
+        if acc.is_main_process:
+            print(f"deepspeed: ZeRO stage {plan.zero_stage} across {acc.num_processes} processes", flush=True)
+        family.set_prepared([engine])
+    elif not sharding.enabled:
         _frozen_weights_stay_local(family.trainable_modules())
         family.set_prepared(list(acc.prepare(*family.trainable_modules())) if len(family.trainable_modules()) > 1
                             else [acc.prepare(family.trainable_modules()[0])])
@@ -99,6 +106,26 @@ def setup(run_dir: Path, resume: Path | None):
     if resume:
         load_run_checkpoint(run, resume)
     return run
+
+
+def _accelerator(config, plan):
+    from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
+
+    cpu = plan.device == "cpu"
+    timeout = timedelta(seconds=config.distributed.timeout_s)
+    if plan.sharding != "deepspeed":
+        return Accelerator(cpu=cpu, gradient_accumulation_steps=plan.accumulation,
+                           kwargs_handlers=[InitProcessGroupKwargs(timeout=timeout)])
+    from accelerate.utils import DeepSpeedPlugin
+
+    from trainer.deepspeed_zero import deepspeed_config
+
+    # accelerate drops the DeepSpeed plugin without a word when cpu=True; on CPU processes it runs DeepSpeed's
+    # CPU accelerator, and needs the gloo backend named (otherwise every rank takes itself for rank 0).
+    return Accelerator(gradient_accumulation_steps=plan.accumulation,
+                       deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=deepspeed_config(config, plan)),
+                       kwargs_handlers=[InitProcessGroupKwargs(backend="gloo" if cpu else None, timeout=timeout)])
 
 
 def _frozen_weights_stay_local(modules) -> None:

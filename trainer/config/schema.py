@@ -294,8 +294,15 @@ class DistributedConfig:
         "`fsdp` (PyTorch FSDP2: weights, gradients and optimizer state sharded across the processes, for models "
         "that do not fit on one GPU; samples and checkpoints gather the full weights), or `auto` (fsdp when a "
         "full fine-tune's weights + gradients + AdamW state would not fit in 80% of one GPU's memory and there are "
-        "several GPUs; ddp otherwise, and always for LoRA).",
-        choices=("auto", "ddp", "fsdp"),
+        "several GPUs; ddp otherwise, and always for LoRA), or `deepspeed` (DeepSpeed ZeRO through accelerate: "
+        "optimizer state (stage 1) and gradients (stage 2) partitioned across the processes, weights replicated; "
+        "one trained network, precision bf16 or fp32, adamw or sgd; `pip install 'imagetune[deepspeed]'`).",
+        choices=("auto", "ddp", "fsdp", "deepspeed"),
+    )
+    zero_stage: int = key(
+        2,
+        "DeepSpeed ZeRO stage with sharding=deepspeed: 1 partitions the optimizer state, 2 also the gradients. "
+        "(Stage 3, sharded weights, is what sharding=fsdp does.)",
     )
 
 

@@ -123,6 +123,9 @@ def validate(config: Config, *, check_paths: bool = True) -> list[str]:
     elif base_weights == "nf4" and importlib.util.find_spec("torchao") is None:
         p.append("model.base_weights: nf4 needs torchao, which is not installed: `pip install 'imagetune[nf4]'`, "
                  "or set model.base_weights=fp8 (built in) or default")
+    if config.distributed.zero_stage not in (1, 2):
+        p.append(f"distributed.zero_stage: 1 or 2, got {config.distributed.zero_stage} (for sharded weights, ZeRO-3, "
+                 "use distributed.sharding=fsdp)")
     if config.method == "full" and not 0 < config.full.ema_decay < 1:
         p.append(f"full.ema_decay: must be between 0 and 1, got {config.full.ema_decay}")
     _positive(p, "sample.every", config.sample.every, allow_zero=True)
