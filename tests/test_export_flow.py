@@ -163,29 +163,11 @@ def test_flux_refuses_unknown_weights_and_unfused_lora(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_sd3(tmp_path_factory):
-    """The tiny SD3 pipeline, with the two things its single-file form assumes of real SD3/3.5 models:
-
-    - CLIP-L's text_projection is the identity (SD3 uses CLIP-L's pooled output unprojected; diffusers' reader
-      puts torch.eye there); the demo's is random;
-    - CLIP-G is wider than CLIP-L (1280 and 768 in SD3): diffusers' reader tells them apart by width. CLIP-G
-      here is 24 wide with a 16-wide projection, so the pooled size (16 + 16) still fits the transformer.
-    Only weights are compared here, no images.
-    """
-    from diffusers import StableDiffusion3Pipeline
-    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
-
+    """The demo's tiny SD3, shaped as the single-file layout assumes of real SD3/3.5 (trainer.demo_flow): CLIP-L's
+    text projection the identity, CLIP-G wider than CLIP-L."""
     from trainer.demo_flow import make_tiny_sd3
 
-    root = tmp_path_factory.mktemp("tiny-sd3")
-    pipe = StableDiffusion3Pipeline.from_pretrained(make_tiny_sd3(root / "demo"))
-    config = {**pipe.text_encoder_2.config.to_dict(), "hidden_size": 24, "intermediate_size": 48}
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(7)
-        pipe.text_encoder_2 = CLIPTextModelWithProjection(CLIPTextConfig(**config))
-    with torch.no_grad():
-        pipe.text_encoder.text_projection.weight.copy_(torch.eye(16))
-    pipe.save_pretrained(root / "model", safe_serialization=True)
-    return root / "model"
+    return make_tiny_sd3(tmp_path_factory.mktemp("tiny-sd3") / "model")
 
 
 def _sd3_pipe(folder):
@@ -378,13 +360,17 @@ def test_an_sd3_full_fine_tune_writes_the_single_file_beside_the_diffusers_folde
     assert (meta["modelspec.architecture"], meta["family"], meta["method"]) == ("stable-diffusion-3", "sd3", "full")
 
 
-def test_a_model_the_single_file_layout_cannot_hold_still_gets_its_folder_and_a_warning(tmp_path):
-    """The demo's tiny SD3 has a trained-looking CLIP-L projection, which SD3's layout has no place for: at the end
-    of a run that must not fail the run or lose the diffusers folder; it is a warning naming the key to set."""
-    from trainer.demo_flow import make_tiny_sd3
+def test_a_model_the_single_file_layout_cannot_hold_still_gets_its_folder_and_a_warning(tiny_sd3, tmp_path):
+    """A CLIP-L with a trained projection has no place in SD3's layout: at the end of a run that must not fail the
+    run or lose the diffusers folder; it is a warning naming the key to set."""
+    from diffusers import StableDiffusion3Pipeline
 
+    pipe = StableDiffusion3Pipeline.from_pretrained(tiny_sd3)
+    with torch.no_grad():
+        pipe.text_encoder.text_projection.weight.add_(0.1)
+    pipe.save_pretrained(tmp_path / "model", safe_serialization=True)
     family_warnings.clear()
-    _, _, outputs = _outputs_of_a_full_run("sd3", make_tiny_sd3(tmp_path / "model"), tmp_path)
+    _, _, outputs = _outputs_of_a_full_run("sd3", tmp_path / "model", tmp_path)
     assert outputs == [str(tmp_path / "output" / "diffusers")]
     assert (tmp_path / "output" / "diffusers" / "model_index.json").is_file()
     assert not (tmp_path / "output" / "my-run.safetensors").exists()

@@ -1,7 +1,8 @@
 """FLUX.1 and SD3 LoRA through the real launcher on tiny random models (built offline as diffusers folders):
 the training loss on fixed draws goes down, the diffusers LoRA file loads back through FluxPipeline /
 StableDiffusion3Pipeline and reproduces the trained transformer, the FLUX kohya/ComfyUI file carries the expected
-keys and metadata and loads through diffusers' kohya conversion."""
+keys and metadata and loads through diffusers' kohya conversion; an SD3 full fine-tune's single file holds the
+trained weights."""
 
 import math
 from pathlib import Path
@@ -194,3 +195,25 @@ def test_flux_kohya_file_has_comfyui_keys_metadata_and_loads_through_diffusers(f
         base = _predict("flux", _pipe("flux", assets["flux"]).transformer, noisy, sigmas[:2], embeds[:2], pooled[:2])
     assert (a - base).abs().max() > 1e-4
     torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_sd3_full_fine_tune_writes_a_single_file_with_the_trained_weights(runs, assets):
+    """method=full on the SD 3.5 preset: the diffusers folder and Stability's single-file layout both hold what
+    the run trained (the file in bf16), and the file loads through StableDiffusion3Pipeline.from_single_file."""
+    from diffusers import StableDiffusion3Pipeline
+
+    run_dir = _run(runs, assets, "sd3", "sd35-lora.yaml", "method=full", "train.lr=1e-4", "train.steps=2",
+                   "sample.prompts=[]")
+    trained = {k.removeprefix("transformer."): v for k, v in final_weights(run_dir).items()}
+    output = run_dir / "output"
+    single = StableDiffusion3Pipeline.from_single_file(str(output / "sd3.safetensors"), config=str(output / "diffusers"),
+                                                       local_files_only=True)
+    state = single.transformer.state_dict()
+    base_model = StableDiffusion3Pipeline.from_pretrained(assets["sd3"]).transformer
+    assert trained.keys() == {name for name, _ in base_model.named_parameters()}  # the whole MMDiT was trained
+    base = base_model.state_dict()
+    changed = 0
+    for name, value in trained.items():
+        torch.testing.assert_close(state[name].float(), value.to(torch.bfloat16).float())
+        changed += not torch.equal(value, base[name])
+    assert changed > len(trained) // 2

@@ -115,7 +115,10 @@ def make_tiny_flux(folder, *, guidance_embeds: bool = True, seed: int = 0) -> Pa
 
 
 def make_tiny_sd3(folder, *, seed: int = 0) -> Path:
-    """A tiny SD3/3.5 pipeline: MMDiT transformer (qk RMS norm as in 3.5), CLIP-L, CLIP-G, T5."""
+    """A tiny SD3/3.5 pipeline: MMDiT transformer (qk RMS norm as in 3.5), CLIP-L, CLIP-G, T5. Shaped like the
+    real one where tools rely on it: CLIP-G wider than CLIP-L (1280 and 768 in SD3; single-file readers tell them
+    apart by width), CLIP-L's text projection the identity (SD3 uses its pooled output unprojected), and T5 at
+    least as wide as both CLIPs' hidden states together (the pipeline pads those to T5's width)."""
     import torch
     from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
     from transformers import CLIPTextModelWithProjection, T5TokenizerFast
@@ -128,17 +131,19 @@ def make_tiny_sd3(folder, *, seed: int = 0) -> Path:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         transformer = SD3Transformer2DModel(sample_size=16, patch_size=2, in_channels=16, num_layers=2,
-                                            attention_head_dim=8, num_attention_heads=4, joint_attention_dim=32,
+                                            attention_head_dim=8, num_attention_heads=4, joint_attention_dim=48,
                                             caption_projection_dim=32, pooled_projection_dim=32, out_channels=16,
                                             pos_embed_max_size=32, qk_norm="rms_norm")
         torch.manual_seed(seed + 1)
         vae = _vae(scaling_factor=1.5305, shift_factor=0.0609, flux=False)
         torch.manual_seed(seed + 2)
         text_encoder = CLIPTextModelWithProjection(_clip_config(vocab, hidden=16, projection=16))
+        with torch.no_grad():
+            text_encoder.text_projection.weight.copy_(torch.eye(16))
         torch.manual_seed(seed + 3)
-        text_encoder_2 = CLIPTextModelWithProjection(_clip_config(vocab, hidden=16, projection=16))
+        text_encoder_2 = CLIPTextModelWithProjection(_clip_config(vocab, hidden=24, projection=16))
         torch.manual_seed(seed + 4)
-        text_encoder_3 = _t5(t5_vocab, 32)
+        text_encoder_3 = _t5(t5_vocab, 48)
     scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
     pipe = StableDiffusion3Pipeline(transformer=transformer, scheduler=scheduler, vae=vae, text_encoder=text_encoder,
                                     tokenizer=tokenizer, text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2,
