@@ -128,6 +128,23 @@ def _accelerator(config, plan):
                        kwargs_handlers=[InitProcessGroupKwargs(backend="gloo" if cpu else None, timeout=timeout)])
 
 
+def _quiet_library_chatter() -> None:
+    """train.log (and the UI's log box) is for people: the libraries' loading bars and the import-time notices of
+    optional packages (torchao's enum registrations, diffusers looking for torchao classes that have moved)
+    buried the lines that matter. Their warnings about the run itself still come through."""
+    import logging
+
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+    logging.getLogger("diffusers.quantizers.torchao.torchao_quantizer").setLevel(logging.ERROR)
+    from diffusers.utils import logging as diffusers_logging
+    from huggingface_hub.utils import disable_progress_bars
+    from transformers.utils import logging as transformers_logging
+
+    diffusers_logging.disable_progress_bar()
+    transformers_logging.disable_progress_bar()
+    disable_progress_bars()
+
+
 def _frozen_weights_stay_local(modules) -> None:
     """DDP broadcasts every parameter from rank 0 when it wraps a module. The frozen ones were loaded from the same
     files on every rank, so that is pure cost (FLUX: 24 GB at start-up), and gloo cannot send float8 at all
@@ -150,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
 
     is_rank0 = os.environ.get("RANK", "0") == "0"
     events = EventLog(run_dir) if is_rank0 else _Silent()
+    _quiet_library_chatter()
     try:
         run = setup(run_dir, args.resume)
         from trainer.loop import fit
