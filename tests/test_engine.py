@@ -70,16 +70,19 @@ def test_stopped_then_resumed_on_another_process_count_matches(reference, runs, 
 
 
 def test_killed_rank_fails_the_run_and_resume_recovers(reference, runs, tiny_sd_path, demo_data_path):
+    # Samples every step (they do not change training: see the first test) slow the steps down, so the kill
+    # lands mid-run even on a fast machine: it once came after the last step when it waited for step 2.
     config = engine_config(tiny_sd_path, demo_data_path, "devices=cpu:2", "batch.per_device=2", "name=killed",
-                           "checkpoint.every=1")
+                           "checkpoint.every=1", "sample.every=1", "sample.prompts=[a photo of a red circle]",
+                           "sample.steps=20")
 
     def kill_rank_1(proc):
         for child in psutil.Process(proc.pid).children(recursive=True):
             if child.environ().get("RANK") == "1":
                 os.kill(child.pid, signal.SIGKILL)
 
-    at_step_2 = lambda events: any(e["type"] == "checkpoint" and e["step"] >= 2 for e in events)  # noqa: E731
-    run_dir, final = launch(runs, config, until=at_step_2, action=kill_rank_1)
+    at_step_1 = lambda events: any(e["type"] == "checkpoint" and e["step"] >= 1 for e in events)  # noqa: E731
+    run_dir, final = launch(runs, config, until=at_step_1, action=kill_rank_1)
     assert final["type"] == "failed", log_of(run_dir)
     assert "rank 1" in final["reason"]
     assert len([e for e in read_events(run_dir) if e["type"] in ("done", "stopped", "failed")]) == 1

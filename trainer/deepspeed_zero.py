@@ -99,8 +99,9 @@ class DeepSpeedZero:
             group.update({k: v for k, v in saved_group.items() if k != "params"})
         if not saved["state"]:
             return
-        if _materialize(optimizer):  # then each parameter's view into its partition's state, as DeepSpeed
-            for group_params, partitions in zip(self.groups, optimizer.param_groups):  # links it after a step
+        if _materialize(optimizer):
+            # each parameter's view into its partition's state, linked as DeepSpeed links it after its first step
+            for group_params, partitions in zip(self.groups, optimizer.param_groups):
                 [partition] = partitions["params"]
                 lazy_init_hp_params_optimizer_state(group_params, partition, optimizer.state)
         index = 0
