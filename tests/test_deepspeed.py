@@ -60,7 +60,9 @@ def test_zero2_on_two_processes_with_accumulation_matches_one_process(reference,
 
 
 def test_a_run_stopped_under_zero_resumes_with_or_without_it(reference, runs, tiny_sd_path, demo_data_path):
-    config = engine_config(tiny_sd_path, demo_data_path, *ZERO, "distributed.zero_stage=1", "name=stopped")
+    # samples every step slow the steps down (without changing training), so the stop lands mid-run
+    config = engine_config(tiny_sd_path, demo_data_path, *ZERO, "distributed.zero_stage=1", "name=stopped",
+                           "sample.every=1", "sample.prompts=[a photo of a red circle]", "sample.steps=20")
     stop_after_first_step = lambda events: any(e["type"] == "progress" for e in events)  # noqa: E731
     run_dir, final = launch(runs, config, until=stop_after_first_step, action=lambda p: p.request_stop(),
                             timeout=600)

@@ -54,7 +54,9 @@ def test_two_processes_with_accumulation_match_one_process(reference, runs, tiny
 
 
 def test_stopped_then_resumed_on_another_process_count_matches(reference, runs, tiny_sd_path, demo_data_path):
-    config = engine_config(tiny_sd_path, demo_data_path, "devices=cpu:1", "batch.per_device=2", "name=stopped")
+    # samples every step slow the steps down (without changing training), so the stop lands mid-run
+    config = engine_config(tiny_sd_path, demo_data_path, "devices=cpu:1", "batch.per_device=2", "name=stopped",
+                           "sample.every=1", "sample.prompts=[a photo of a red circle]", "sample.steps=20")
     stop_after_first_step = lambda events: any(e["type"] == "progress" for e in events)  # noqa: E731
     run_dir, final = launch(runs, config, until=stop_after_first_step, action=lambda p: p.request_stop())
     assert final["type"] == "stopped", log_of(run_dir)
