@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -51,6 +52,22 @@ def assert_same_weights(a: dict, b: dict, *, rtol=1e-5, atol=1e-6) -> None:
     assert a.keys() == b.keys() and len(a) > 0
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
+
+
+def assert_lora_loaded(pipe, trained: dict) -> None:
+    """After `pipe.load_lora_weights(output/)`: the pipeline's LoRA layers hold exactly the run's trained weights
+    (`trained`: a checkpoint's "<component>.<path>.lora_A.<adapter>.weight"; adapter names differ, diffusers
+    picks its own)."""
+    def key(name: str) -> str:
+        return re.sub(r"\.(lora_[AB])\.[^.]+\.weight$", r".\1.weight", name)
+
+    components = {name.split(".")[0] for name in trained}
+    loaded = {f"{component}.{key(name)}": p for component in components
+              for name, p in getattr(pipe, component).named_parameters() if "lora_" in name}
+    expected = {key(name): value for name, value in trained.items()}
+    assert loaded.keys() == expected.keys() and len(expected) > 0
+    for name, value in expected.items():
+        torch.testing.assert_close(loaded[name], value, msg=lambda m: f"{name}: {m}")
 
 
 def log_of(run_dir: Path) -> str:

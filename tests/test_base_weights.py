@@ -98,7 +98,7 @@ def test_nf4_lora_on_two_processes_matches_one_and_loads_in_diffusers(tmp_path, 
     (unquantized) FLUX pipeline, which is how it is used for inference."""
     from diffusers import FluxPipeline
 
-    from tests.engine_helpers import assert_same_weights, final_weights, launch, log_of
+    from tests.engine_helpers import assert_lora_loaded, assert_same_weights, final_weights, launch, log_of
 
     base = [f"model.path={models['flux']}", "model.family=flux", f"data.path={mixed_data}", "precision=fp32",
             "model.base_weights=nf4", "batch.total=2", "train.steps=2", "train.optimizer=sgd", "train.lr=0.5",
@@ -113,19 +113,7 @@ def test_nf4_lora_on_two_processes_matches_one_and_loads_in_diffusers(tmp_path, 
 
     pipe = FluxPipeline.from_pretrained(models["flux"])
     pipe.load_lora_weights(two_dir / "output")
-    loaded = {n: p for n, p in pipe.transformer.named_parameters() if "lora_" in n}
-    assert len(loaded) == len(trained)
-    for name, value in trained.items():
-        torch.testing.assert_close(_loaded(loaded, name), value)
-
-
-def _loaded(loaded: dict, checkpoint_name: str) -> torch.Tensor:
-    """The parameter diffusers created for a checkpoint key (`transformer.<path>.lora_A.weight`: peft names it
-    `<path>.lora_A.<adapter>.weight`, the adapter name chosen by diffusers)."""
-    path, kind = checkpoint_name.removeprefix("transformer.").split(".lora_")
-    matches = [v for k, v in loaded.items() if k.startswith(f"{path}.lora_{kind.split('.')[0]}.")]
-    assert len(matches) == 1, (checkpoint_name, matches)
-    return matches[0]
+    assert_lora_loaded(pipe, trained)
 
 
 def test_fp8_base_weights_are_refused_where_they_cannot_help():

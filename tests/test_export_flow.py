@@ -71,6 +71,20 @@ def _tiny_flux(guidance: bool, seed: int = 0):
     return FluxTransformer2DModel(**FLUX_TINY, guidance_embeds=guidance)
 
 
+def _assert_converter_reads_exactly(convert, state: dict, model, *, exact: bool = False) -> None:
+    """diffusers' converters pop every key they read (a missing one raises KeyError): nothing may be left over
+    (written for nothing), and what comes back is the model's own state dict (values too when `exact`; shapes
+    only for models on the meta device)."""
+    leftover = dict(state)
+    back = convert(leftover)
+    assert leftover == {}
+    want = model.state_dict()
+    if exact:
+        _assert_same(back, want, "converted back")
+    assert set(back) == set(want)
+    assert all(back[k].shape == v.shape for k, v in want.items())
+
+
 def _assert_same(got: dict, want: dict, what: str, cast=None):
     assert set(got) == set(want), (what, set(got) ^ set(want))
     for key, tensor in want.items():
@@ -123,10 +137,7 @@ def test_flux_keys_are_exactly_the_ones_diffusers_converter_consumes(guidance):
     )
 
     tiny = _tiny_flux(guidance)
-    leftover = to_flux_state_dict(tiny)
-    back = flux_converter(32)(leftover)
-    assert leftover == {}
-    _assert_same(back, tiny.state_dict(), "tiny")
+    _assert_converter_reads_exactly(flux_converter(32), to_flux_state_dict(tiny), tiny, exact=True)
 
     with torch.device("meta"):
         full = FluxTransformer2DModel(guidance_embeds=guidance)  # FLUX.1's defaults: 19 double, 38 single blocks
@@ -136,12 +147,7 @@ def test_flux_keys_are_exactly_the_ones_diffusers_converter_consumes(guidance):
     assert state["single_blocks.37.linear1.weight"].shape == (3 * 3072 + 12288, 3072)
     assert state["double_blocks.18.img_attn.qkv.weight"].shape == (9216, 3072)
     assert state["double_blocks.0.img_attn.norm.query_norm.scale"].shape == (128,)
-    leftover = dict(state)
-    back = convert_flux_transformer_checkpoint_to_diffusers(leftover)
-    assert leftover == {}
-    want = full.state_dict()
-    assert set(back) == set(want)
-    assert all(back[k].shape == v.shape for k, v in want.items())
+    _assert_converter_reads_exactly(convert_flux_transformer_checkpoint_to_diffusers, state, full)
 
 
 def test_flux_refuses_unknown_weights_and_unfused_lora(tmp_path):
@@ -251,12 +257,7 @@ def test_full_size_sd3_layout_is_what_diffusers_reads_back(model_type):
                                             pooled_projection_dim=2048, **SD3_FULL_SIZE[model_type])
     state = {f"model.diffusion_model.{k}": v for k, v in mmdit_to_original(transformer).items()}
     assert infer_diffusers_model_type(state) == model_type
-    leftover = dict(state)
-    back = convert_sd3_transformer_checkpoint_to_diffusers(leftover)
-    assert leftover == {}
-    want = transformer.state_dict()
-    assert set(back) == set(want)
-    assert all(back[k].shape == v.shape for k, v in want.items())
+    _assert_converter_reads_exactly(convert_sd3_transformer_checkpoint_to_diffusers, state, transformer)
 
 
 def test_sd3_refuses_what_it_cannot_write_faithfully(tiny_sd3):
@@ -283,7 +284,7 @@ def tiny_flux(tmp_path_factory):
     return make_tiny_flux(tmp_path_factory.mktemp("tiny-flux") / "model")
 
 
-def _outputs_of_a_full_run(family_name, model, tmp_path, *overrides, ema=False):
+def _outputs_of_a_full_run(family_name, model, tmp_path, *overrides, ema=False, warnings=None):
     """The family's own save_outputs on a stand-in that has what it reads. `ctx.unwrap` hands out a different,
     "trained" copy of the transformer, as FSDP's gathered copy on rank 0 is: the outputs must hold its weights."""
     from diffusers import FluxPipeline, StableDiffusion3Pipeline
@@ -306,17 +307,13 @@ def _outputs_of_a_full_run(family_name, model, tmp_path, *overrides, ema=False):
         for shadow in average.shadow_params:
             shadow.mul_(-1)
     live = pipe.transformer
-    warnings = []
+    warnings = [] if warnings is None else warnings  # what the run logged, for callers that look
     ctx = SimpleNamespace(unwrap=lambda m: gathered if m is live else m, device=torch.device("cpu"),
                           log_warning=warnings.append)
     family = SimpleNamespace(cfg=cfg, ctx=ctx, name=family_name, pipe=pipe, transformer=live, ema=average)
     outputs = FlowMatchingFamily.save_outputs(family, tmp_path / "output", step=3)
     assert pipe.transformer is live  # the pipeline got its own transformer back
-    family_warnings.extend(warnings)
     return pipe, gathered, outputs
-
-
-family_warnings: list[str] = []  # what the last stand-in runs logged
 
 
 def test_a_flux_full_fine_tune_writes_the_bfl_file_beside_the_diffusers_folder(tiny_flux, tmp_path,
@@ -369,10 +366,10 @@ def test_a_model_the_single_file_layout_cannot_hold_still_gets_its_folder_and_a_
     with torch.no_grad():
         pipe.text_encoder.text_projection.weight.add_(0.1)
     pipe.save_pretrained(tmp_path / "model", safe_serialization=True)
-    family_warnings.clear()
-    _, _, outputs = _outputs_of_a_full_run("sd3", tmp_path / "model", tmp_path)
+    warnings = []
+    _, _, outputs = _outputs_of_a_full_run("sd3", tmp_path / "model", tmp_path, warnings=warnings)
     assert outputs == [str(tmp_path / "output" / "diffusers")]
     assert (tmp_path / "output" / "diffusers" / "model_index.json").is_file()
     assert not (tmp_path / "output" / "my-run.safetensors").exists()
-    [warning] = family_warnings
+    [warning] = warnings
     assert "no single file" in warning and "full.save_single_file=false" in warning

@@ -3,14 +3,13 @@ few steps, fp32 on the CPU; everything else as the preset says: LoRA on the text
 weights, buckets, gradient checkpointing, sampler settings), and its outputs load back through diffusers with
 exactly the weights the run trained. (flux-dev-lora-24gb and sd35-lora run in test_flux_sd3.)"""
 
-import re
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.engine_helpers import BASE, final_weights, launch, log_of
+from tests.engine_helpers import BASE, assert_lora_loaded, final_weights, launch, log_of
 from trainer.config import load_config
 from trainer.events import read_events
 
@@ -41,10 +40,6 @@ def _pipeline(model: str, path: Path):
     return (StableDiffusionXLPipeline if model == "sdxl" else FluxPipeline).from_pretrained(path)
 
 
-def _without_adapter_name(name: str) -> str:
-    return re.sub(r"\.(lora_[AB])\.[^.]+\.weight$", r".\1.weight", name)
-
-
 @pytest.mark.parametrize("preset", sorted(TINY))
 def test_shipped_preset_runs_on_its_tiny_model_and_its_outputs_load(tmp_path, assets, preset):
     model = TINY[preset]
@@ -71,12 +66,7 @@ def test_shipped_preset_runs_on_its_tiny_model_and_its_outputs_load(tmp_path, as
     else:
         pipe = _pipeline(model, assets[model])
         pipe.load_lora_weights(run_dir / "output")  # the diffusers/peft file, through the pipeline's own loader
-        loaded = {f"{component}.{_without_adapter_name(name)}": p for component in components
-                  for name, p in getattr(pipe, component).named_parameters() if "lora_" in name}
-        expected = {_without_adapter_name(name): value for name, value in trained.items()}
-        assert loaded.keys() == expected.keys()
-        for name, value in expected.items():
-            torch.testing.assert_close(loaded[name], value)
+        assert_lora_loaded(pipe, trained)
         kohya = list((run_dir / "output").glob("*_kohya.safetensors"))  # the ComfyUI / Forge file
         assert len(kohya) == 1 and load_file(str(kohya[0]))
     if preset == "sdxl-lora-24gb":  # LoRA on both text encoders too

@@ -88,7 +88,6 @@ def setup(run_dir: Path, resume: Path | None):
 
         [network] = family.trainable_modules()  # the plan refuses a second trained module
         sharding = DeepSpeedZero(acc.unwrap_model, [list(g["params"]) for g in optimizer.param_groups])
-        ctx.unwrap = sharding.unwrap
         engine, _ = acc.prepare(network, optimizer)
         if acc.distributed_type.value != "DEEPSPEED":  # accelerate may drop the plugin without a word
             raise RuntimeError(f"distributed.sharding=deepspeed, but accelerate set up {acc.distributed_type.value}")
