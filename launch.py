@@ -8,7 +8,7 @@
 
 Exit status: 0 when the run is done or was stopped, 1 when it failed, 2 for a mistake in the command line or
 the preset (reported as one paragraph, no traceback), 130 when interrupted before the run started.
-This file only parses arguments and shows progress; the work is in trainer.launcher.
+This file only parses arguments and shows progress; the work is in trainer.core.launcher.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ui.add_argument("--auth", metavar="USER:PASSWORD", help="require this login")
     ui.add_argument("--share", action="store_true", help="also serve through a public Gradio link")
     ui.add_argument("--insecure", action="store_true", help="allow a non-local host or --share without --auth")
-    p.add_argument("--worker-module", default="trainer.worker", help=argparse.SUPPRESS)  # tests' fake worker
+    p.add_argument("--worker-module", default="trainer.engine.worker", help=argparse.SUPPRESS)  # tests' fake worker
     return p.parse_args(argv)
 
 
@@ -77,8 +77,8 @@ def find_preset(name: str) -> str:
 
 
 def run_headless(args) -> int:
-    from trainer.config import load_config, to_yaml
-    from trainer.launcher import plan_for, prepare_run, start_run
+    from trainer.core.config import load_config, to_yaml
+    from trainer.core.launcher import plan_for, prepare_run, start_run
 
     config = load_config(find_preset(args.preset), args.overrides)
     if args.dry_run:
@@ -94,8 +94,8 @@ def run_headless(args) -> int:
 
 
 def resume_headless(args) -> int:
-    from trainer.events import EVENTS_FILE
-    from trainer.launcher import resume_run
+    from trainer.core.events import EVENTS_FILE
+    from trainer.core.launcher import resume_run
 
     events = Path(args.resume) / EVENTS_FILE
     offset = events.stat().st_size if events.exists() else 0  # show only what this launch adds
@@ -125,7 +125,7 @@ def follow(proc, start_step: int, offset: int) -> int:
     """Show the run's events until its final one; Ctrl-C/SIGTERM asks for a graceful stop, twice kills."""
     from tqdm import tqdm
 
-    from trainer.events import EventFollower
+    from trainer.core.events import EventFollower
 
     signals: list[int] = []  # the handler only records: printing from a signal handler can re-enter print()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -156,7 +156,7 @@ def follow(proc, start_step: int, offset: int) -> int:
     finally:
         bar.close()
     if final is None:
-        from trainer.events import final_event, read_events
+        from trainer.core.events import final_event, read_events
 
         final = final_event(read_events(proc.run_dir)) or {"type": "failed", "reason": "no final event was written"}
     return report(final, proc)

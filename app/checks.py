@@ -1,8 +1,8 @@
 """Validate the form's values the way `launch.py` would, and say which field each problem belongs to.
 
-The engine reports problems as `"dotted.key: message"` (trainer.config.load / trainer.plan); the key prefix puts
+The engine reports problems as `"dotted.key: message"` (trainer.core.config.load / trainer.core.plan); the key prefix puts
 each message next to its field. Problems about keys without a field (YAML-only or unknown keys) are listed
-with the plan. The plan line itself comes from `trainer.plan.make_plan` on this machine's hardware.
+with the plan. The plan line itself comes from `trainer.core.plan.make_plan` on this machine's hardware.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 
 from app.forms import FORM_KEYS, SPEC, nested
 from app.security import Workspace
-from trainer.config import Config, load_config
+from trainer.core.config import Config, load_config
 from trainer.errors import ConfigError, UserError
-from trainer.hardware import Hardware
-from trainer.model_size import trained_parameters
-from trainer.plan import Plan, make_plan
+from trainer.core.hardware import Hardware
+from trainer.core.model_size import trained_parameters
+from trainer.core.plan import Plan, make_plan
 
 # What the plan is made of: while one of these is wrong, no plan is shown.
 PLAN_KEYS = {"devices", "precision", "attention", "batch.total", "batch.per_device", "train.steps",

@@ -1,4 +1,4 @@
-"""The dataset check page: scan a folder the way training will (trainer.data.scan) and show what it found.
+"""The dataset check page: scan a folder the way training will (trainer.core.data.scan) and show what it found.
 
 Counts, resolution summary, kohya folders with their repeats, problems (the run would not start) and warnings
 (files skipped: corrupt, uncaptioned, too small), and a grid of thumbnails with their captions. Thumbnails are
@@ -15,8 +15,8 @@ from pathlib import Path
 from PIL import Image
 
 from app.security import Workspace
-from trainer.config.validate import DEMO_SCHEME
-from trainer.data.scan import DatasetScan, scan_dataset
+from trainer.core.config.validate import DEMO_SCHEME
+from trainer.core.data.scan import DatasetScan, scan_dataset
 from trainer.errors import UserError
 
 GRID_LIMIT = 60

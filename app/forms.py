@@ -1,4 +1,4 @@
-"""The settings form, generated from `trainer.config.schema` so it never drifts from the engine.
+"""The settings form, generated from `trainer.core.config.schema` so it never drifts from the engine.
 
 Every schema key becomes a `FieldSpec` (its widget kind, label, help text, choices and the form group it belongs
 to), except the keys that are only in the YAML editor (`version`, `distributed.*`). The UI holds the settings as
@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
-from trainer.config.schema import Config, iter_keys
+from trainer.core.config.schema import Config, iter_keys
 
 # Form groups, in page order: (title, what it is for). A key's group comes from its schema metadata `group`, else
 # from its section (below), else it goes to "Other settings", so a new schema section still shows up.

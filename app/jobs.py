@@ -1,4 +1,4 @@
-"""Starting, stopping, resuming and deleting runs from the UI, through trainer.launcher (never torch here).
+"""Starting, stopping, resuming and deleting runs from the UI, through trainer.core.launcher (never torch here).
 
 Runs are torchrun process groups of their own: they outlive the UI. A run this UI started is waited for by a
 daemon thread (RunProcess.wait() writes the `failed` event if the workers die without a final event); a run
@@ -16,11 +16,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from app.runs import read_run
-from trainer.config import Config
-from trainer.config.validate import parse_devices
+from trainer.core.config import Config
+from trainer.core.config.validate import parse_devices
 from trainer.errors import UserError
-from trainer.hardware import Hardware, probe_in_subprocess
-from trainer.runfolder import DEMO_DIR, demo_assets, request_stop
+from trainer.core.hardware import Hardware, probe_in_subprocess
+from trainer.core.runfolder import DEMO_DIR, demo_assets, request_stop
 
 log = logging.getLogger("imagetune.app")
 DEFAULT_DEMO = ("tiny-sd", "demo-data")  # what presets/demo.yaml uses: built when the UI starts
@@ -125,7 +125,7 @@ class Jobs:
                     del self._procs[Path(proc.run_dir)]
 
     def start(self, config: Config) -> Path:
-        from trainer.launcher import prepare_run, start_run
+        from trainer.core.launcher import prepare_run, start_run
 
         if self._demo is not None and not self._demo.done():
             self._demo.result()  # the demo assets are being built: wait rather than build them twice
@@ -137,7 +137,7 @@ class Jobs:
         request_stop(self.run_dir(name))
 
     def resume(self, name: str, overrides: Iterable[str] = ()) -> Path:
-        from trainer.launcher import resume_run
+        from trainer.core.launcher import resume_run
 
         run_dir = self.run_dir(name)
         with self._lock:
@@ -154,7 +154,7 @@ class Jobs:
 
     def kill(self, name: str) -> None:
         """Kill without a checkpoint (for a run that does not react to Stop); in the background."""
-        from trainer.launcher import kill_run
+        from trainer.core.launcher import kill_run
 
         run_dir = self.run_dir(name)
         with self._lock:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app import forms
-from trainer.config.load import read_preset
+from trainer.core.config.load import read_preset
 from trainer.errors import UserError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

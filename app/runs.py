@@ -17,9 +17,9 @@ from pathlib import Path
 
 import yaml
 
-from trainer.events import EVENTS_FILE, FINAL_TYPES
-from trainer.runfolder import CONFIG_FILE, DEMO_DIR, LOG_FILE, PID_FILE, tail_lines
-from trainer.stopping import STOP_FILE
+from trainer.core.events import EVENTS_FILE, FINAL_TYPES
+from trainer.core.runfolder import CONFIG_FILE, DEMO_DIR, LOG_FILE, PID_FILE, tail_lines
+from trainer.core.stopping import STOP_FILE
 
 RUN_COLUMNS = ["run", "family", "method", "status", "step", "loss", "started"]
 

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.config.validate import DEMO_SCHEME, is_hub_id
+from trainer.core.config.validate import DEMO_SCHEME, is_hub_id
 from trainer.errors import UserError
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")

@@ -1,9 +1,9 @@
 """Helpers shared by the benchmarks (not part of the product).
 
-Run as a module (`python -m bench._common RUN_DIR ...`) this is the engine's own worker, `trainer.worker.main`,
+Run as a module (`python -m bench._common RUN_DIR ...`) this is the engine's own worker, `trainer.engine.worker.main`,
 unchanged, plus two pieces of bookkeeping: it reads the process's CPU-time clock (and getrusage) at every
 `progress` event, and it writes that and its peak memory to `RUN_DIR/bench-memory-rank<R>.json` before exiting.
-bench/engine_overhead.py hands it to `trainer.launcher.start_run(worker_module=...)`, so the launcher -> torchrun
+bench/engine_overhead.py hands it to `trainer.core.launcher.start_run(worker_module=...)`, so the launcher -> torchrun
 -> worker path is exactly the product's, and the worker's CUDA peak (which no outside process can read) is
 still measured.
 """
@@ -163,7 +163,7 @@ def markdown_table(headers: list[str], rows: list[list]) -> str:
 
 
 def _worker_main() -> int:
-    """trainer.worker.main, plus clock reads at every `progress` event and a report when the process ends."""
+    """trainer.engine.worker.main, plus clock reads at every `progress` event and a report when the process ends."""
     t_start = time.time()
     start_rss_sampler()
     # The modules the worker's setup() imports anyway, imported first so that startup splits into imports and
@@ -172,21 +172,21 @@ def _worker_main() -> int:
     import torch
 
     try:
-        import trainer.families.sd
+        import trainer.families.sd.family
     except Exception:  # noqa: S110  (a broken family fails again, with the engine's own message, in main())
         pass
-    import trainer.events
-    import trainer.loop
+    import trainer.core.events
+    import trainer.engine.loop
 
     del accelerate, torch
-    from trainer.worker import main
+    from trainer.engine.worker import main
 
     t_imported = time.time()
     # The process's CPU time (all threads) at every `progress` event: one clock read per optimizer step, so a
     # CPU-time-per-step figure that other tenants of a shared machine disturb far less than wall-clock time.
     cpu_marks: list[float] = []
     usage_marks: list[list[float]] = []
-    emit = trainer.events.EventLog.emit
+    emit = trainer.core.events.EventLog.emit
 
     def emit_with_cpu_time(self, type: str, **fields) -> dict:
         if type == "progress":
@@ -194,7 +194,7 @@ def _worker_main() -> int:
             usage_marks.append(usage_mark())
         return emit(self, type, **fields)
 
-    trainer.events.EventLog.emit = emit_with_cpu_time
+    trainer.core.events.EventLog.emit = emit_with_cpu_time
     code = 1
     try:
         code = main(sys.argv[1:])

@@ -7,7 +7,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD
 status=0
 python3 launch.py --preset presets/demo.yaml --runs-dir /tmp/runs train.steps=100 sample.every=50 2>&1 | tail -25 || status=$?
-python3 -c "from trainer.demo_flow import make_tiny_flux; from trainer.demo import make_demo_dataset; make_tiny_flux('/tmp/a/flux'); make_demo_dataset('/tmp/a/data', count=8)" || status=$?
+python3 -c "from trainer.families.flow.demo import make_tiny_flux; from trainer.families.sd.demo import make_demo_dataset; make_tiny_flux('/tmp/a/flux'); make_demo_dataset('/tmp/a/data', count=8)" || status=$?
 python3 launch.py --preset presets/flux-dev-lora-24gb.yaml --runs-dir /tmp/runs model.path=/tmp/a/flux data.path=/tmp/a/data \
   method=full name=flux-full data.resolution=64 sample.size=64 sample.steps=4 train.steps=30 sample.every=15 \
   flow.max_sequence_length=16 checkpoint.every=0 2>&1 | tail -6 || status=$?

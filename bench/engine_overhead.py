@@ -9,7 +9,7 @@ on one process, AdamW lr 1e-3, cosine with warmup, gradient clipping 1.0, cached
 fp32 on CPU / bf16 autocast on GPU), for warm-up + N optimizer steps, with no samples and no checkpoints
 during training. Each loop runs in fresh processes, the order rotating every repeat:
 
-- engine: `trainer.launcher.prepare_run` + `start_run` -> torchrun -> the worker (`trainer.worker.main`,
+- engine: `trainer.core.launcher.prepare_run` + `start_run` -> torchrun -> the worker (`trainer.engine.worker.main`,
   run through bench/_common.py, which only adds clock reads at each `progress` event and a report of the
   worker's peak memory when it exits).
   Throughput comes from the `progress` events' timestamps (steps warmup .. warmup+N).
@@ -50,7 +50,7 @@ from bench._common import (  # noqa: E402
 )
 
 PRESET = REPO_ROOT / "presets" / "demo.yaml"
-WORKER = "bench._common"  # trainer.worker.main + a peak-memory record
+WORKER = "bench._common"  # trainer.engine.worker.main + a peak-memory record
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -58,7 +58,7 @@ WORKER = "bench._common"  # trainer.worker.main + a peak-memory record
 
 
 def engine_config(args, assets: dict[str, Path]):
-    from trainer.config import load_config
+    from trainer.core.config import load_config
 
     overrides = [
         f"name={args.name}", f"devices={args.devices}", f"train.steps={args.warmup + args.steps}",
@@ -99,8 +99,8 @@ def rate(times: list[float], warmup: int, total: int) -> tuple[float, float]:
 
 def engine_role(args) -> dict:
     t_spawn = float(args.t_spawn)
-    from trainer.events import read_events
-    from trainer.launcher import prepare_run, start_run
+    from trainer.core.events import read_events
+    from trainer.core.launcher import prepare_run, start_run
 
     assets = json.loads(args.assets)
     config = engine_config(args, {k: Path(v) for k, v in assets.items()})
@@ -296,12 +296,12 @@ def plain_role(args) -> dict | None:
 
 def breakdown(config, plan, warmup_calls: int = 200, calls: int = 2000) -> list[dict]:
     import torch
-    from trainer.data.images import sample_rng, torch_generator
-    from trainer.data.stream import BatchStream, position_seed
-    from trainer.events import EventLog
-    from trainer.families import diffusion
-    from trainer.loop import Throughput, _reduce_step
-    from trainer.stopping import StopRequest
+    from trainer.families.components.captioned import sample_rng, torch_generator
+    from trainer.core.data.stream import BatchStream, position_seed
+    from trainer.core.events import EventLog
+    from trainer.families.components import noise as diffusion
+    from trainer.engine.loop import Throughput, _reduce_step
+    from trainer.core.stopping import StopRequest
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-breakdown-"))
     stream = BatchStream(16, total=plan.total, per_device=plan.per_device, world_size=plan.world_size, seed=0)
@@ -467,8 +467,8 @@ def main(argv=None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
-    from trainer.demo import ensure_demo_assets
-    from trainer.launcher import build_env, plan_for
+    from trainer.families.sd.demo import ensure_demo_assets
+    from trainer.core.launcher import build_env, plan_for
 
     if args.threads:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)  # build_env keeps a value that is already set

@@ -187,7 +187,7 @@ TINY_CLIP = {"hidden_size": 16, "intermediate_size": 32, "projection_dim": 16, "
              "num_attention_heads": 2}
 TINY_T5 = {"d_model": 32, "d_kv": 16, "d_ff": 64, "num_layers": 2, "num_heads": 2, "vocab_size": 128}
 SDXL_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
-# The engine's default FLUX LoRA layers (trainer/families/flux.py DOUBLE_TARGETS / SINGLE_TARGETS, written out
+# The engine's default FLUX LoRA layers (trainer/families/flow/flux.py DOUBLE_TARGETS / SINGLE_TARGETS, written out
 # here so this script needs no trainer imports): attention of both streams and both MLPs in the double blocks;
 # q/k/v, proj_mlp and proj_out in the single blocks. A regex: peft matches it against the full module path.
 FLUX_LORA_TARGETS = (r"(transformer_blocks\.\d+\.(attn\.(to_q|to_k|to_v|to_out\.0|add_q_proj|add_k_proj|add_v_proj"
@@ -253,10 +253,10 @@ def frozen_bf16(module):
 
 def store_base_weights(net, spec: dict, device) -> None:
     """`--base-weights fp8 | nf4`: the frozen network stored as the engine stores it for `model.base_weights`
-    (trainer.precision.place_frozen_network), before LoRA is added."""
+    (trainer.engine.precision.place_frozen_network), before LoRA is added."""
     import torch
 
-    from trainer.precision import place_frozen_network
+    from trainer.engine.precision import place_frozen_network
 
     if spec.get("base_weights", "default") != "default":
         place_frozen_network(net, spec["base_weights"], device, torch.bfloat16)
@@ -753,7 +753,7 @@ def main(argv=None) -> int:
     if dry and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)  # a shared CPU: see gpu_sd15.py; the dry run's numbers mean nothing anyway
     if not args.cudnn_attention:
-        torch.backends.cuda.enable_cudnn_sdp(False)  # flash / memory-efficient attention, as trainer.worker does
+        torch.backends.cuda.enable_cudnn_sdp(False)  # flash / memory-efficient attention, as trainer.engine.worker does
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     if not models or set(models) - set(MODELS):
         p.error(f"--models takes some of {', '.join(MODELS)}")

@@ -79,9 +79,9 @@ class AppProcess:
 
 def stop_runs(runs_dir: Path, timeout: float = 60) -> None:
     """Leave no training processes behind: ask every unfinished run to stop, kill what does not."""
-    from trainer.events import final_event, read_events
-    from trainer.launcher import kill_run
-    from trainer.runfolder import request_stop
+    from trainer.core.events import final_event, read_events
+    from trainer.core.launcher import kill_run
+    from trainer.core.runfolder import request_stop
 
     if not runs_dir.is_dir():
         return
@@ -195,7 +195,7 @@ class Stages:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# A synthetic detection run (no torch): what trainer/run_io.py and trainer/families/detection*.py write
+# A synthetic detection run (no torch): what trainer/engine/run_io.py and trainer/families/detection*.py write
 
 
 def detection_events(t0: float) -> list[dict]:

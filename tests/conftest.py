@@ -10,7 +10,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 @pytest.fixture(scope="session")
 def demo_assets(tmp_path_factory):
-    from trainer.demo import ensure_demo_assets
+    from trainer.families.sd.demo import ensure_demo_assets
 
     return ensure_demo_assets(tmp_path_factory.mktemp("demo-assets"))
 

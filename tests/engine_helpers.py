@@ -9,11 +9,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from trainer.checkpoint import latest_checkpoint
-from trainer.config import load_config
-from trainer.events import read_events
-from trainer.launcher import prepare_run, start_run
-from trainer.hardware import CPU_ONLY
+from trainer.core.checkpoint import latest_checkpoint
+from trainer.core.config import load_config
+from trainer.core.events import read_events
+from trainer.core.launcher import prepare_run, start_run
+from trainer.core.hardware import CPU_ONLY
 
 BASE = [
     "precision=fp32", "batch.total=4", "train.steps=4", "train.lr=1e-3", "train.scheduler=cosine",

@@ -1,4 +1,4 @@
-"""A stand-in for trainer.worker in the launcher tests: real processes and real gloo collectives, no model.
+"""A stand-in for trainer.engine.worker in the launcher tests: real processes and real gloo collectives, no model.
 
     python -m tests.fake_worker RUN_DIR [--resume CHECKPOINT_DIR]
 
@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from trainer.events import EventLog
+from trainer.core.events import EventLog
 
 
 def main() -> int:

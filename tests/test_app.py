@@ -30,9 +30,9 @@ from app.runs import (
 )
 from app.security import Workspace, auth_from_env, check_exposure, parse_auth
 from tests.browser_helpers import write_detection_run
-from trainer.config.schema import iter_keys
+from trainer.core.config.schema import iter_keys
 from trainer.errors import UserError
-from trainer.hardware import Hardware
+from trainer.core.hardware import Hardware
 
 REPO = Path(__file__).resolve().parents[1]
 CPU = Hardware(cpu_count=2)

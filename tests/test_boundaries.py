@@ -5,8 +5,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-TORCH_FREE = ["trainer.config", "trainer.plan", "trainer.events", "trainer.launcher", "trainer.resume",
-              "trainer.runfolder", "trainer.data.scan", "trainer.hardware", "trainer.checkpoint"]
+TORCH_FREE = ["trainer.core.config", "trainer.core.plan", "trainer.core.events", "trainer.core.launcher", "trainer.core.resume",
+              "trainer.core.runfolder", "trainer.core.data.scan", "trainer.core.hardware", "trainer.core.checkpoint"]
 
 
 def test_launcher_side_modules_do_not_import_torch():

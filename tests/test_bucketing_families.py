@@ -9,8 +9,8 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
-from trainer.config import load_config
-from trainer.data.stream import make_stream
+from trainer.core.config import load_config
+from trainer.core.data.stream import make_stream
 
 pytestmark = pytest.mark.slow
 
@@ -31,8 +31,8 @@ def mixed_data(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from trainer.demo_flow import make_tiny_flux
-    from trainer.demo_sdxl import make_tiny_sdxl
+    from trainer.families.flow.demo import make_tiny_flux
+    from trainer.families.sdxl.demo import make_tiny_sdxl
 
     root = tmp_path_factory.mktemp("bucket-models")
     return {"sdxl": make_tiny_sdxl(root / "sdxl"), "flux": make_tiny_flux(root / "flux")}
@@ -51,9 +51,9 @@ EXTRA = {"sdxl": [], "flux": ["flow.max_sequence_length=16"], "sd3": ["flow.max_
 
 def make_family(tmp_path, name, model, data, *overrides):
     from trainer.families import get_family
-    from trainer.families.base import WorkerContext
-    from trainer.hardware import CPU_ONLY
-    from trainer.plan import make_plan
+    from trainer.families.protocol import WorkerContext
+    from trainer.core.hardware import CPU_ONLY
+    from trainer.core.plan import make_plan
 
     config = load_config(None, [f"model.path={model}", f"model.family={name}", f"data.path={data}",
                                 "precision=fp32", "devices=cpu:1", "batch.total=2", "batch.per_device=2",
@@ -124,7 +124,7 @@ def test_mixed_aspect_ratios_train_one_shape_per_batch_from_the_cache(tmp_path, 
 
 
 def test_sdxl_conditioning_and_uncached_crops_follow_the_bucket(tmp_path, models, mixed_data):
-    from trainer.data.images import load_image_tensor, sample_rng
+    from trainer.families.components.captioned import load_image_tensor, sample_rng
 
     family, stream = make_family(tmp_path, "sdxl", models["sdxl"], mixed_data, "data.center_crop=false")
     assert family.latents is None  # random crops: no latent cache

@@ -8,9 +8,9 @@ from collections import Counter
 import pytest
 from PIL import Image
 
-from trainer.config import load_config
-from trainer.data.buckets import BucketSpec, assign_buckets, bucket_counts, bucket_resolutions, cover_and_crop
-from trainer.data.stream import BatchStream, BucketedStream, make_stream
+from trainer.core.config import load_config
+from trainer.core.data.buckets import BucketSpec, assign_buckets, bucket_counts, bucket_resolutions, cover_and_crop
+from trainer.core.data.stream import BatchStream, BucketedStream, make_stream
 
 
 def test_bucket_shapes_keep_the_area_the_step_and_the_aspect_limit():
@@ -130,8 +130,8 @@ def _images(folder, sizes):
 
 def test_the_plan_lists_the_buckets(tmp_path):
     from trainer.families import check_captioned_images
-    from trainer.hardware import CPU_ONLY
-    from trainer.plan import Plan, make_plan
+    from trainer.core.hardware import CPU_ONLY
+    from trainer.core.plan import Plan, make_plan
 
     data = _images(tmp_path / "data", [(64, 64), (64, 64), (96, 48), (48, 96), (100, 50), (64, 60)])
     config = load_config(None, ["model.path=x", f"data.path={data}", "data.resolution=64", "data.bucketing=true",

@@ -4,7 +4,7 @@ import errno
 
 import pytest
 
-from trainer.checkpoint import (
+from trainer.core.checkpoint import (
     COMPLETE, CheckpointWriteError, complete_checkpoints, latest_checkpoint, save_checkpoint,
 )
 

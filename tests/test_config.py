@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import load_config
-from trainer.config.load import MIGRATIONS, migrate, to_yaml
-from trainer.config.schema import SCHEMA_VERSION, iter_keys
+from trainer.core.config import load_config
+from trainer.core.config.load import MIGRATIONS, migrate, to_yaml
+from trainer.core.config.schema import SCHEMA_VERSION, iter_keys
 from trainer.errors import ConfigError, UserError
 
 PRESETS = sorted((Path(__file__).parent.parent / "presets").glob("*.yaml"))
@@ -86,7 +86,7 @@ def test_prior_preservation_needs_its_keys():
 
 
 def test_migrations_run_in_order_and_newer_versions_are_refused(monkeypatch):
-    monkeypatch.setattr("trainer.config.load.SCHEMA_VERSION", 3)
+    monkeypatch.setattr("trainer.core.config.load.SCHEMA_VERSION", 3)
     def rename(raw):
         raw["renamed"] = raw.pop("old")
         return raw

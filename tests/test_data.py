@@ -13,14 +13,14 @@ import pytest
 import torch
 from PIL import Image
 
-from trainer.data.images import (
+from trainer.families.components.captioned import (
     ImageCaptionDataset,
     collate,
     load_image_tensor,
     sample_rng,
     torch_generator,
 )
-from trainer.data.scan import DatasetScan, ImageItem, require_usable, scan_dataset
+from trainer.core.data.scan import DatasetScan, ImageItem, require_usable, scan_dataset
 from trainer.errors import UserError
 
 
@@ -219,7 +219,7 @@ def test_order_is_sorted_and_deterministic(tmp_path):
 
 
 def test_scan_module_does_not_import_torch():
-    code = "import sys, trainer.data.scan; print('torch' in sys.modules)"
+    code = "import sys, trainer.core.data.scan; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "False", result.stderr
 

@@ -17,10 +17,10 @@ from tests.engine_helpers import (
     progress,
 )
 from trainer.errors import ConfigError
-from trainer.events import read_events
-from trainer.hardware import CPU_ONLY
-from trainer.launcher import resume_run
-from trainer.plan import make_plan
+from trainer.core.events import read_events
+from trainer.core.hardware import CPU_ONLY
+from trainer.core.launcher import resume_run
+from trainer.core.plan import make_plan
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from trainer.demo import DEMO_RESOLUTION, ensure_demo_assets, make_demo_dataset, make_tiny_sd
+from trainer.families.sd.demo import DEMO_RESOLUTION, ensure_demo_assets, make_demo_dataset, make_tiny_sd
 from trainer.errors import UserError
 
 

@@ -16,13 +16,13 @@ import pytest
 import torch
 
 from tests.engine_helpers import assert_same_weights, final_weights, launch, log_of
-from trainer.config import load_config
-from trainer.data.stream import BatchStream
-from trainer.events import read_events
-from trainer.families.detection_eval import compute_metrics, predict
-from trainer.hardware import CPU_ONLY
-from trainer.launcher import prepare_run, start_run
-from trainer.plan import make_plan
+from trainer.core.config import load_config
+from trainer.core.data.stream import BatchStream
+from trainer.core.events import read_events
+from trainer.families.detection.eval import compute_metrics, predict
+from trainer.core.hardware import CPU_ONLY
+from trainer.core.launcher import prepare_run, start_run
+from trainer.core.plan import make_plan
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,14 +30,14 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def shapes(tmp_path_factory):
     """A small version of the demo set: 16 training and 4 validation images of 128 px, 3 classes."""
-    from trainer.detection_demo import make_shapes_coco
+    from trainer.families.detection.demo import make_shapes_coco
 
     return make_shapes_coco(tmp_path_factory.mktemp("shapes") / "shapes-coco", train=16, val=4)
 
 
 @pytest.fixture(scope="module")
 def demo_set(tmp_path_factory):
-    from trainer.detection_demo import ensure_detection_demo
+    from trainer.families.detection.demo import ensure_detection_demo
 
     return ensure_detection_demo(tmp_path_factory.mktemp("demo"))["shapes-coco"]
 
@@ -82,8 +82,8 @@ def test_map_matches_hand_computed_values():
 
 
 def make_family(data: Path, arch: str, tmp_path: Path, *overrides: str, precision: str = "fp32"):
-    from trainer.families.base import WorkerContext
-    from trainer.families.detection import DetectionFamily
+    from trainer.families.protocol import WorkerContext
+    from trainer.families.detection.family import DetectionFamily
 
     config = load_config({"model": {"family": "detection", "path": arch}, "method": "full", "devices": "cpu:1",
                           "precision": precision, "data": {"path": str(data), "resolution": 64, "flip": True},
@@ -111,7 +111,7 @@ def fewer_proposals(model) -> None:
 
 def train_steps(family, steps: int, amp=None) -> list[float]:
     """The loop's maths, minus DDP: seeded micro-batches from the stream, autocast for the forward only."""
-    from trainer.precision import Amp
+    from trainer.engine.precision import Amp
 
     cfg, plan = family.cfg, family.ctx.plan
     amp = amp or Amp(plan.precision, "cpu")
@@ -135,7 +135,7 @@ ARCHITECTURES = ["fcos_tiny", "fasterrcnn_mobilenet_v3_large_fpn", "ssdlite320_m
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_each_architecture_trains_evaluates_draws_saves_and_reloads(arch, shapes, tmp_path):
-    from trainer.detect import load_detector
+    from trainer.families.detection.predict import load_detector
 
     torch.set_num_threads(1)
     family = make_family(shapes, arch, tmp_path, "detection.eval_images=2")
@@ -199,8 +199,8 @@ def test_pretrained_weights_file_freezes_batchnorm_and_replaces_the_head(shapes,
 def test_evaluation_and_samples_are_fp32_under_a_bf16_plan(shapes, tmp_path, monkeypatch):
     """Training autocasts to bf16; predictions for mAP and samples must not: torchvision's box decoding under
     bf16 snaps coordinates to a 0.125-0.25 px grid at these sizes (and 2-4 px at 800 px)."""
-    import trainer.families.detection as detection
-    from trainer.precision import Amp
+    import trainer.families.detection.family as detection
+    from trainer.engine.precision import Amp
 
     torch.set_num_threads(1)
     family = make_family(shapes, "fasterrcnn_mobilenet_v3_large_fpn", tmp_path, "detection.eval_images=2",
@@ -251,7 +251,7 @@ DEMO_MAP50 = 0.8  # measured with these overrides of the demo preset: see the as
 
 @pytest.mark.slow
 def test_demo_preset_learns_and_leaves_a_detector_that_reloads(demo_set, tmp_path, one_thread):
-    from trainer.detect import load_detector
+    from trainer.families.detection.predict import load_detector
 
     config = load_config(REPO / "presets" / "detection-demo.yaml", [
         f"data.path={demo_set}", "devices=cpu:1", f"train.steps={DEMO_STEPS}", f"eval.every={DEMO_EVAL_EVERY}",
@@ -299,7 +299,7 @@ def test_faster_rcnn_on_two_processes_with_accumulation_matches_one_process(shap
     """Faster R-CNN's losses accumulate exactly (fixed anchor/proposal samples per image, drawn from generators
     seeded by each sample's position; frozen BatchNorm from a 'pretrained' weights file): 1 process x 4 and
     2 processes x 1 x accumulation 2 train the same weights. Also the two-process run through the launcher."""
-    from trainer.families.detection_models import build_detector
+    from trainer.families.detection.models import build_detector
 
     torch.manual_seed(0)
     model, _ = build_detector("fasterrcnn_mobilenet_v3_large_fpn", 3, weights="none", resolution=192)

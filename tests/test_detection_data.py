@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageDraw
 
-from trainer.config import load_config
-from trainer.data.detection_data import carve_validation, require_usable, scan_detection
+from trainer.core.config import load_config
+from trainer.families.detection.data import carve_validation, require_usable, scan_detection
 from trainer.errors import ConfigError, UserError
 
 
@@ -210,8 +210,8 @@ def test_detection_config_checks(coco):
 
 
 def test_a_bad_detection_dataset_is_refused_before_anything_is_created(tmp_path, coco):
-    from trainer.hardware import CPU_ONLY
-    from trainer.launcher import prepare_run
+    from trainer.core.hardware import CPU_ONLY
+    from trainer.core.launcher import prepare_run
 
     (tmp_path / "nobox.json").write_text(json.dumps({"images": [], "annotations": [], "categories": []}))
     runs = tmp_path / "runs"
@@ -225,8 +225,8 @@ def test_a_bad_detection_dataset_is_refused_before_anything_is_created(tmp_path,
 
 
 def test_demo_dataset_is_deterministic_and_resolved_through_demo_scheme(tmp_path):
-    from trainer.detection_demo import make_shapes_coco
-    from trainer.runfolder import resolve_paths
+    from trainer.families.detection.demo import make_shapes_coco
+    from trainer.core.runfolder import resolve_paths
 
     one, two = make_shapes_coco(tmp_path / "one", train=12, val=4), make_shapes_coco(tmp_path / "two", train=12, val=4)
     assert (one / "train.json").read_bytes() == (two / "train.json").read_bytes()
@@ -249,7 +249,7 @@ def test_demo_dataset_is_deterministic_and_resolved_through_demo_scheme(tmp_path
 
 def _red_boxes(tmp_path: Path):
     """An image with two red rectangles exactly where its boxes are."""
-    from trainer.data.detection_data import DetRecord
+    from trainer.families.detection.data import DetRecord
 
     img = Image.new("RGB", (160, 120), (128, 128, 128))
     draw = ImageDraw.Draw(img)
@@ -265,7 +265,7 @@ def _red_boxes(tmp_path: Path):
 def test_augmentations_keep_boxes_on_their_objects(tmp_path, augment):
     import torch
 
-    from trainer.data.detection_images import DetectionImages
+    from trainer.families.detection.images import DetectionImages
 
     record, empty = _red_boxes(tmp_path)
     images = DetectionImages([record, empty], 80, flip=True, augment=augment)

@@ -371,7 +371,7 @@ FAKE_UI = """#!/bin/sh
 run="$IMAGETUNE_WORKSPACE/runs/fake-run"
 mkdir -p "$run"
 setsid sh -c 'while [ ! -e "$3/STOP" ]; do sleep 0.05; done; sleep 0.5; echo stopped > "$3/final"' \\
-    torch.distributed.run --module trainer.worker "$run" &
+    torch.distributed.run --module trainer.engine.worker "$run" &
 echo ready > "$run/ui-ready"
 if [ -n "$FAKE_UI_EXIT" ]; then exit "$FAKE_UI_EXIT"; fi
 trap 'exit 143' TERM

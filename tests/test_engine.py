@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from tests.engine_helpers import assert_same_weights, engine_config, final_weights, launch, log_of, progress
-from trainer.events import read_events
-from trainer.launcher import resume_run
-from trainer.hardware import CPU_ONLY
+from trainer.core.events import read_events
+from trainer.core.launcher import resume_run
+from trainer.core.hardware import CPU_ONLY
 
 pytestmark = pytest.mark.slow
 
@@ -173,7 +173,7 @@ def test_two_nodes_on_loopback_match_one_process(reference, runs, tiny_sd_path, 
     """Two torchrun "nodes" (1 process each) on 127.0.0.1: the multi-node path trains the same weights."""
     import socket
 
-    from trainer.launcher import prepare_run, start_run
+    from trainer.core.launcher import prepare_run, start_run
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

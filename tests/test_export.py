@@ -12,11 +12,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from trainer.demo import make_tiny_sd
+from trainer.families.sd.demo import make_tiny_sd
 from trainer.errors import UserError
-from trainer.export.kohya import kohya_metadata, to_kohya
-from trainer.export.ldm_checkpoint import save_single_file, to_ldm_state_dict
-from trainer.export.lora_files import DIFFUSERS_WEIGHT_NAME, save_lora
+from trainer.families.components.kohya import kohya_metadata, to_kohya
+from trainer.families.components.ldm_checkpoint import save_single_file, to_ldm_state_dict
+from trainer.families.components.lora_files import DIFFUSERS_WEIGHT_NAME, save_lora
 
 UNET_TARGETS = ["to_k", "to_q", "to_v", "to_out.0"]
 TE_TARGETS = ["q_proj", "k_proj", "v_proj", "out_proj"]

@@ -20,9 +20,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from trainer.errors import UserError
-from trainer.export.flux_checkpoint import save_flux_single_file, to_flux_state_dict
-from trainer.export.ldm_checkpoint import write_checkpoint
-from trainer.export.sd3_checkpoint import (
+from trainer.families.flow.flux_checkpoint import save_flux_single_file, to_flux_state_dict
+from trainer.families.components.ldm_checkpoint import write_checkpoint
+from trainer.families.flow.sd3_checkpoint import (
     COMPONENTS,
     mmdit_to_original,
     save_sd3_single_file,
@@ -169,9 +169,9 @@ def test_flux_refuses_unknown_weights_and_unfused_lora(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_sd3(tmp_path_factory):
-    """The demo's tiny SD3, shaped as the single-file layout assumes of real SD3/3.5 (trainer.demo_flow): CLIP-L's
+    """The demo's tiny SD3, shaped as the single-file layout assumes of real SD3/3.5 (trainer.families.flow.demo): CLIP-L's
     text projection the identity, CLIP-G wider than CLIP-L."""
-    from trainer.demo_flow import make_tiny_sd3
+    from trainer.families.flow.demo import make_tiny_sd3
 
     return make_tiny_sd3(tmp_path_factory.mktemp("tiny-sd3") / "model")
 
@@ -279,7 +279,7 @@ def test_sd3_refuses_what_it_cannot_write_faithfully(tiny_sd3):
 
 @pytest.fixture(scope="module")
 def tiny_flux(tmp_path_factory):
-    from trainer.demo_flow import make_tiny_flux
+    from trainer.families.flow.demo import make_tiny_flux
 
     return make_tiny_flux(tmp_path_factory.mktemp("tiny-flux") / "model")
 
@@ -290,8 +290,8 @@ def _outputs_of_a_full_run(family_name, model, tmp_path, *overrides, ema=False, 
     from diffusers import FluxPipeline, StableDiffusion3Pipeline
     from diffusers.training_utils import EMAModel
 
-    from trainer.config import load_config
-    from trainer.families.flow_family import FlowMatchingFamily
+    from trainer.core.config import load_config
+    from trainer.families.flow.family import FlowMatchingFamily
 
     (tmp_path / "data").mkdir(parents=True, exist_ok=True)
     cfg = load_config(None, [f"model.path={model}", f"model.family={family_name}", "method=full", "name=my-run",

@@ -1,6 +1,6 @@
 """SDXL single-file (SGM layout) export: what A1111 / ComfyUI / Forge load, checked through diffusers' own reader.
 
-The tiny SDXL model (trainer.demo_sdxl) is written as one file, loaded back with
+The tiny SDXL model (trainer.families.sdxl.demo) is written as one file, loaded back with
 `StableDiffusionXLPipeline.from_single_file` (offline, the folder as config) and compared tensor by tensor and
 image by image. Full-size SDXL layouts are checked on the meta device (no memory, no weights).
 """
@@ -11,7 +11,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from trainer.errors import UserError
-from trainer.export.sdxl_checkpoint import open_clip_to_ldm, save_sdxl_single_file, to_sdxl_state_dict
+from trainer.families.sdxl.checkpoint import open_clip_to_ldm, save_sdxl_single_file, to_sdxl_state_dict
 
 COMPONENTS = ("unet", "vae", "text_encoder", "text_encoder_2")
 PROMPT = "a photo of a red circle"
@@ -24,7 +24,7 @@ def tiny_sdxl(tmp_path_factory):
     diffusers' single-file reader tells the two text encoders apart by width: with the demo's equal widths it
     loads text encoder 1's weights into text encoder 2. Real SDXL never hits that; the test must not either.
     """
-    import trainer.demo_sdxl as demo
+    import trainer.families.sdxl.demo as demo
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(demo, "TE_HIDDEN", (32, 48))
@@ -199,8 +199,8 @@ def _outputs_of_a_full_run(tiny_sdxl, tmp_path, *overrides):
     """save_sdxl_outputs on a stand-in family that has what it reads: the config, the models, a context."""
     from types import SimpleNamespace
 
-    from trainer.config import load_config
-    from trainer.families.sdxl_outputs import save_sdxl_outputs
+    from trainer.core.config import load_config
+    from trainer.families.sdxl.outputs import save_sdxl_outputs
 
     (tmp_path / "data").mkdir(parents=True, exist_ok=True)
     cfg = load_config(None, [f"model.path={tiny_sdxl}", "model.family=sdxl", "method=full", "name=my-sdxl",

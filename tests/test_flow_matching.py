@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from trainer.families import flow_matching as fm
+from trainer.families.components import flow_matching as fm
 
 
 def test_noisy_input_and_velocity_target_match_a_hand_computation():
@@ -123,8 +123,8 @@ def _deltas(model):
 
 
 def _kohya_of(model):
-    from trainer.export.kohya_flux import flux_to_kohya
-    from trainer.export.lora_files import _lora_modules, _peft_state
+    from trainer.families.flow.kohya_flux import flux_to_kohya
+    from trainer.families.components.lora_files import _lora_modules, _peft_state
 
     adapter, modules = _lora_modules(model)
     out_features = {n: m.out_features for n, m in model.named_modules() if isinstance(getattr(m, "out_features", None), int)}
@@ -186,8 +186,8 @@ def _flux_family(guidance_embeds: bool, *overrides):
 
     from diffusers import FluxTransformer2DModel
 
-    from trainer.config import load_config
-    from trainer.families.flux import FluxFamily
+    from trainer.core.config import load_config
+    from trainer.families.flow.flux import FluxFamily
 
     family = FluxFamily.__new__(FluxFamily)
     family.cfg = load_config(None, ["model.family=flux", *overrides], check_paths=False)

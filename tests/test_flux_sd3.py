@@ -13,9 +13,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from tests.engine_helpers import BASE, final_weights, launch, log_of, progress
-from trainer.config import load_config
-from trainer.events import read_events
-from trainer.families import flow_matching as fm
+from trainer.core.config import load_config
+from trainer.core.events import read_events
+from trainer.families.components import flow_matching as fm
 
 pytestmark = pytest.mark.slow
 
@@ -26,8 +26,8 @@ FLOW = ["devices=cpu:1", "batch.per_device=4", "train.steps=8", "train.lr=5e-3",
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    from trainer.demo import make_demo_dataset
-    from trainer.demo_flow import make_tiny_flux, make_tiny_sd3
+    from trainer.families.sd.demo import make_demo_dataset
+    from trainer.families.flow.demo import make_tiny_flux, make_tiny_sd3
 
     root = tmp_path_factory.mktemp("flow-assets")
     return {"flux": make_tiny_flux(root / "tiny-flux"), "sd3": make_tiny_sd3(root / "tiny-sd3"),
@@ -85,7 +85,7 @@ def _predict(family, transformer, noisy, sigmas, embeds, pooled):
 @torch.no_grad()
 def _fixed_batch(family, pipe, data):
     """The training images' latents and captions with fixed noise and sigmas (16 draws)."""
-    from trainer.data.images import load_image_tensor
+    from trainer.families.components.captioned import load_image_tensor
 
     images = sorted(data.glob("*.png"))
     pixels = torch.stack([load_image_tensor(str(p), 64, crop="center") for p in images])

@@ -13,10 +13,10 @@ and turns rounding-level differences of near-zero gradients into lr-sized steps;
 import pytest
 
 from tests.engine_helpers import BASE, assert_same_weights, final_weights, launch, log_of, progress
-from trainer.config import load_config
-from trainer.events import read_events
-from trainer.hardware import CPU_ONLY
-from trainer.launcher import resume_run
+from trainer.core.config import load_config
+from trainer.core.events import read_events
+from trainer.core.hardware import CPU_ONLY
+from trainer.core.launcher import resume_run
 
 pytestmark = pytest.mark.slow
 
@@ -27,8 +27,8 @@ FULL = [*BASE, "model.family=flux", "method=full", "full.ema=false", "batch.tota
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    from trainer.demo import make_demo_dataset
-    from trainer.demo_flow import make_tiny_flux
+    from trainer.families.sd.demo import make_demo_dataset
+    from trainer.families.flow.demo import make_tiny_flux
 
     root = tmp_path_factory.mktemp("fsdp-assets")
     return make_tiny_flux(root / "tiny-flux"), make_demo_dataset(root / "data", count=4)

@@ -18,16 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import load_config
+from trainer.core.config import load_config
 from trainer.errors import ConfigError, UserError
-from trainer.events import read_events
-from trainer.hardware import Hardware
-from trainer.launcher import build_command, build_env, prepare_run, start_run
-from trainer.proctree import kill_tree
-from trainer.resume import prepare_resume
-from trainer.plan import Plan
-from trainer.checkpoint import latest_checkpoint
-from trainer.runfolder import create_run_dir, parse_root_cause
+from trainer.core.events import read_events
+from trainer.core.hardware import Hardware
+from trainer.core.launcher import build_command, build_env, prepare_run, start_run
+from trainer.core.proctree import kill_tree
+from trainer.core.resume import prepare_resume
+from trainer.core.plan import Plan
+from trainer.core.checkpoint import latest_checkpoint
+from trainer.core.runfolder import create_run_dir, parse_root_cause
 
 REPO = Path(__file__).resolve().parents[1]
 CPU2 = Hardware(cpu_count=2)
@@ -134,7 +134,7 @@ def test_demo_paths_are_resolved_under_the_runs_folder(paths, monkeypatch):
         calls.append(Path(root))
         return {"tiny-sd": paths / "model", "demo-data": paths / "data"}
 
-    monkeypatch.setattr("trainer.runfolder.demo_assets", fake_assets)  # the real one builds in a child process
+    monkeypatch.setattr("trainer.core.runfolder.demo_assets", fake_assets)  # the real one builds in a child process
     config = make_config(paths, model={"path": "demo://tiny-sd"}, data={"path": "demo://demo-data"})
     run_dir, _ = prepare_run(config, paths / "runs", CPU2)
     saved = load_config(run_dir / "config.yaml")
@@ -160,7 +160,7 @@ def test_command_single_and_multi_node(paths):
     cmd = build_command(paths / "r", plan, config, resume=paths / "r/checkpoints/step-000010")
     assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"] and "--standalone" in cmd
     assert cmd[cmd.index("--nproc-per-node") + 1] == "2"
-    assert cmd[-5:-1] == ["--module", "trainer.worker", str(paths / "r"), "--resume"]
+    assert cmd[-5:-1] == ["--module", "trainer.engine.worker", str(paths / "r"), "--resume"]
     assert cmd[-1] == str(paths / "r/checkpoints/step-000010")
     multi = make_config(paths, distributed={"nodes": 2, "node_rank": 1, "master_addr": "10.0.0.1", "master_port": 1234})
     cmd = build_command(paths / "r", Plan("cpu", (), 2, 2, 1, 1, 4, "fp32", "sdpa", 10), multi)

@@ -2,10 +2,10 @@
 
 import pytest
 
-from trainer.config import load_config
+from trainer.core.config import load_config
 from trainer.errors import ConfigError
-from trainer.hardware import Hardware
-from trainer.plan import make_plan, resolve_batch
+from trainer.core.hardware import Hardware
+from trainer.core.plan import make_plan, resolve_batch
 
 CPU = Hardware(cpu_count=2)
 AMPERE_X4 = Hardware(gpu_count=4, gpu_names=("A100",) * 4, bf16=True)
@@ -138,7 +138,7 @@ def test_model_size_is_read_from_the_safetensors_headers(tmp_path):
     import torch
     from safetensors.torch import save_file
 
-    from trainer.model_size import PUBLISHED_PARAMETERS, trained_parameters
+    from trainer.core.model_size import PUBLISHED_PARAMETERS, trained_parameters
 
     (tmp_path / "transformer").mkdir()
     save_file({"a.weight": torch.zeros(3, 5), "b.bias": torch.zeros(7)}, str(tmp_path / "transformer" / "x.safetensors"))

@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import load_file
 
 from tests.engine_helpers import BASE, assert_lora_loaded, final_weights, launch, log_of
-from trainer.config import load_config
-from trainer.events import read_events
+from trainer.core.config import load_config
+from trainer.core.events import read_events
 
 pytestmark = pytest.mark.slow
 
@@ -24,9 +24,9 @@ TINY = {  # preset -> tiny model
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    from trainer.demo import make_demo_dataset
-    from trainer.demo_flow import make_tiny_flux
-    from trainer.demo_sdxl import make_tiny_sdxl
+    from trainer.families.sd.demo import make_demo_dataset
+    from trainer.families.flow.demo import make_tiny_flux
+    from trainer.families.sdxl.demo import make_tiny_sdxl
 
     root = tmp_path_factory.mktemp("preset-assets")
     return {"sdxl": make_tiny_sdxl(root / "sdxl"), "flux-dev": make_tiny_flux(root / "flux-dev"),

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from trainer.config.schema import ModelConfig
+from trainer.core.config.schema import ModelConfig
 from trainer.errors import UserError
-from trainer.export.ldm_checkpoint import save_single_file
-from trainer.families.sd_loading import load_sd_components
+from trainer.families.components.ldm_checkpoint import save_single_file
+from trainer.families.components.sd_loading import load_sd_components
 
 
 def _unet_weights(components):

@@ -1,4 +1,4 @@
-"""SDXL on a tiny random-init model saved as a diffusers folder (trainer.demo_sdxl), offline, on the CPU.
+"""SDXL on a tiny random-init model saved as a diffusers folder (trainer.families.sdxl.demo), offline, on the CPU.
 
 In-process tests drive the family through its protocol with a one-process context; the engine test launches
 real 1- and 2-process runs through the launcher (torchrun, gloo DDP).
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.engine_helpers import assert_same_weights, final_weights, launch, log_of, progress
-from trainer.config import load_config
+from trainer.core.config import load_config
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +19,7 @@ PROMPT = "a photo of a red circle"
 
 @pytest.fixture(scope="module")
 def tiny_sdxl(tmp_path_factory):
-    from trainer.demo_sdxl import make_tiny_sdxl
+    from trainer.families.sdxl.demo import make_tiny_sdxl
 
     return make_tiny_sdxl(tmp_path_factory.mktemp("tiny-sdxl"))
 
@@ -28,7 +28,7 @@ def tiny_sdxl(tmp_path_factory):
 def sdxl_data(tmp_path_factory):
     from PIL import Image
 
-    from trainer.demo import make_demo_dataset
+    from trainer.families.sd.demo import make_demo_dataset
 
     folder = make_demo_dataset(tmp_path_factory.mktemp("sdxl-data"), count=4)
     Image.new("RGB", (96, 64), (200, 40, 40)).save(folder / "wide.png")  # not square: crop conditioning
@@ -46,9 +46,9 @@ class _Accelerator:  # what a family uses of accelerate's, for one process
 
 def make_family(tmp_path, model, data, *overrides):
     from trainer.families import get_family
-    from trainer.families.base import WorkerContext
-    from trainer.hardware import CPU_ONLY
-    from trainer.plan import make_plan
+    from trainer.families.protocol import WorkerContext
+    from trainer.core.hardware import CPU_ONLY
+    from trainer.core.plan import make_plan
 
     config = load_config(None, [f"model.path={model}", "model.family=sdxl", f"data.path={data}", "precision=fp32",
                                 "devices=cpu:1", "batch.total=2", "batch.per_device=2", "data.resolution=64",
@@ -118,7 +118,7 @@ def test_caches_are_used_and_the_encoders_are_not_called_after_caching(tmp_path,
 
 
 def test_text_cache_dedupes_is_keyed_and_reused_from_disk(tmp_path):
-    from trainer.families.text_cache import build_text_cache, text_cache_key
+    from trainer.families.components.text_cache import build_text_cache, text_cache_key
 
     captions = [f"caption {i}" for i in range(20)] + ["caption 3"]  # duplicates are cached once
     batches = []
@@ -141,7 +141,7 @@ def test_micro_conditioning_uses_the_real_size_and_crop(tmp_path, tiny_sdxl, sdx
     import numpy as np
     from PIL import Image
 
-    from trainer.data.images import load_image_tensor, sample_rng
+    from trainer.families.components.captioned import load_image_tensor, sample_rng
 
     family = make_family(tmp_path, tiny_sdxl, sdxl_data, "data.cache_text_embeddings=false")
     wide = [i for i, item in enumerate(family.images) if item.path.endswith("wide.png")][0]

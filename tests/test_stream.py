@@ -2,7 +2,7 @@
 
 import pytest
 
-from trainer.data.stream import BatchStream, position_seed
+from trainer.core.data.stream import BatchStream, position_seed
 
 
 def _global_batch(stream, step):

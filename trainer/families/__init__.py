@@ -6,17 +6,17 @@ from __future__ import annotations
 import importlib
 
 FAMILIES: dict[str, str] = {
-    "sd": "trainer.families.sd:StableDiffusionFamily",
-    "sdxl": "trainer.families.sdxl:StableDiffusionXLFamily",
-    "sd3": "trainer.families.sd3:SD3Family",
-    "flux": "trainer.families.flux:FluxFamily",
-    "detection": "trainer.families.detection:DetectionFamily",
+    "sd": "trainer.families.sd.family:StableDiffusionFamily",
+    "sdxl": "trainer.families.sdxl.family:StableDiffusionXLFamily",
+    "sd3": "trainer.families.flow.sd3:SD3Family",
+    "flux": "trainer.families.flow.flux:FluxFamily",
+    "detection": "trainer.families.detection.family:DetectionFamily",
 }
 
 # The launcher's data check of each family, run before any process starts: torch-free, raises UserError when
 # the dataset cannot train at all. Families not listed take the captioned-images check.
 DATA_CHECKS: dict[str, str] = {
-    "detection": "trainer.data.detection_data:check_detection_data",
+    "detection": "trainer.families.detection.data:check_detection_data",
 }
 
 
@@ -25,9 +25,9 @@ def family_names() -> tuple[str, ...]:
 
 
 def check_captioned_images(config) -> None:
-    """The diffusion families' check: a folder of images with captions (trainer.data.scan). Returns the scan
+    """The diffusion families' check: a folder of images with captions (trainer.core.data.scan). Returns the scan
     (the launcher lists its aspect-ratio buckets in the plan)."""
-    from trainer.data.scan import require_usable, scan_dataset
+    from trainer.core.data.scan import require_usable, scan_dataset
 
     data = config.data
     scan = scan_dataset(data.path, instance_prompt=data.instance_prompt, caption_extension=data.caption_extension,

@@ -1,0 +1,352 @@
+"""The typed config schema: the single source of truth for preset keys.
+
+Presets are sparse YAML overlays on these defaults. Every field's `help` is its documentation (the UI shows
+it next to the field; `docs/` is generated from it). `choices` lists the accepted values of a string field.
+Derived quantities (accumulation, precision on this machine...) live in `trainer.core.plan`, not here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from typing import Any, Optional, Union
+
+SCHEMA_VERSION = 1
+
+
+def key(default: Any, help: str, *, choices: tuple[str, ...] | None = None, group: str | None = None):
+    """A documented config field. Lists/dicts are copied per instance."""
+    meta = {"help": help, "choices": choices, "group": group}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# torchvision detectors of `model.family: detection` (`fcos_tiny`: a 4-conv backbone for the offline demo)
+DETECTION_ARCHITECTURES = (
+    "fasterrcnn_resnet50_fpn_v2", "fasterrcnn_mobilenet_v3_large_fpn", "retinanet_resnet50_fpn_v2",
+    "fcos_resnet50_fpn", "ssdlite320_mobilenet_v3_large", "fcos_tiny",
+)
+
+
+@dataclass
+class ModelConfig:
+    family: str = key(
+        "sd", "Model family: `sd` (Stable Diffusion 1.x / 2.x), `sdxl` (SDXL base and fine-tunes), "
+        "`sd3` (SD3 / 3.5), `flux` (FLUX.1 dev / schnell), `detection` (torchvision object detectors; see "
+        "`detection.*`).")
+    path: str = key(
+        "",
+        "The base model: a local diffusers folder, a single-file `.safetensors`/`.ckpt` checkpoint, a hub id "
+        "(`stable-diffusion-v1-5/stable-diffusion-v1-5`, needs network), or `demo://tiny-sd` for the offline demo. "
+        "Detection: the torchvision architecture, one of " + ", ".join(f"`{a}`" for a in DETECTION_ARCHITECTURES)
+        + " (starting weights: `detection.weights`).",
+    )
+    config: Optional[str] = key(
+        None,
+        "For a single-file checkpoint: a diffusers folder or hub id with the matching component configs "
+        "(tokenizer, scheduler...). Needed offline; online diffusers infers it.",
+    )
+    prediction_type: str = key(
+        "auto",
+        "What the UNet predicts: `auto` reads the model's scheduler config; `epsilon` (SD 1.x, SD 2.x-base) or "
+        "`v_prediction` (SD 2.x 768).",
+        choices=("auto", "epsilon", "v_prediction"),
+    )
+    revision: Optional[str] = key(None, "Hub revision (branch, tag or commit) of a hub model.")
+    variant: Optional[str] = key(None, "Hub weight variant, e.g. `fp16`.")
+    base_weights: str = key(
+        "default",
+        "How a LoRA run stores the frozen network it adapts (UNet / transformer): `default` (the plan's precision: "
+        "bf16 or fp16 on GPUs, fp32 on the CPU); `fp8` (float8 e4m3: half the memory of bf16, FLUX's transformer "
+        "12 GB instead of 24; each layer is upcast to the plan's precision for its own forward by diffusers' "
+        "layerwise casting; needs train.gradient_checkpointing, without it every upcast weight is kept for the "
+        "backward pass and nothing is saved); or `nf4` (4-bit NormalFloat, QLoRA's format, through torchao: about "
+        "a quarter of bf16's memory for the Linear layers, FLUX's transformer near 7 GB; dequantized inside each "
+        "matmul, slower than fp8; `pip install 'imagetune[nf4]'`). Both round the frozen weights a little; the "
+        "LoRA itself always trains in fp32.",
+        choices=("default", "fp8", "nf4"),
+    )
+
+
+@dataclass
+class LoraConfig:
+    rank: int = key(16, "LoRA rank (the inner dimension). 4-32 is usual for a subject or a style.")
+    alpha: float = key(16.0, "LoRA alpha: the update is scaled by alpha / rank.")
+    dropout: float = key(0.0, "Dropout on the LoRA branch (0 to 1).")
+    unet_targets: list[str] = key(
+        ["to_k", "to_q", "to_v", "to_out.0"], "UNet module names that get LoRA layers (attention projections)."
+    )
+    train_text_encoder: bool = key(False, "Also train LoRA layers on the text encoder.")
+    text_encoder_targets: list[str] = key(
+        ["q_proj", "k_proj", "v_proj", "out_proj"], "Text-encoder module names that get LoRA layers."
+    )
+
+
+@dataclass
+class FullConfig:
+    train_text_encoder: bool = key(False, "Full fine-tune: also train the text encoder.")
+    ema: bool = key(False, "Keep an exponential moving average of the trained weights and save it as the output.")
+    ema_decay: float = key(0.9999, "EMA decay per optimizer step (0 to 1).")
+    save_single_file: bool = key(True, "Also write the result as one `.safetensors` file for A1111 / ComfyUI.")
+
+
+@dataclass
+class FlowConfig:
+    """Flow-matching families (SD3/3.5, FLUX.1): timestep sampling, shift, guidance, which layers get LoRA."""
+
+    timestep_sampling: str = key(
+        "logit_normal", "How training timesteps are drawn: `logit_normal` (sigmoid of a normal; SD3/FLUX) or `uniform`.",
+        choices=("logit_normal", "uniform"),
+    )
+    logit_mean: float = key(0.0, "Mean of the normal under `logit_normal` sampling (negative: less noisy timesteps).")
+    logit_std: float = key(1.0, "Standard deviation of the normal under `logit_normal` sampling.")
+    shift: Optional[float] = key(
+        None, "Timestep shift s (sigma = s*u / (1 + (s-1)*u)); unset: the model's own (SD3: 3.0 from its scheduler; "
+        "FLUX dev: resolution-dependent, e^1.15 at 1024 px; FLUX schnell: 1).",
+    )
+    weighting: str = key("none", "Loss weighting per timestep: `none`, `sigma_sqrt` or `cosmap`.",
+                         choices=("none", "sigma_sqrt", "cosmap"))
+    guidance: float = key(1.0, "FLUX dev: the guidance value fed to the guidance embedding while training (1 is usual).")
+    max_sequence_length: Optional[int] = key(
+        None, "T5 tokens per caption; unset: the model's default (FLUX dev 512, schnell 256, SD3 256).")
+    lora_targets: list[str] = key(
+        [], "Layer names inside each transformer block that get LoRA (e.g. `attn.to_q`, `ff.net.2`, `proj_mlp`); "
+        "empty: every attention projection and MLP of the family.",
+    )
+    lora_blocks: str = key(
+        "all", "FLUX: which blocks get LoRA: `all`, `double` (the 19 two-stream blocks) or `single` (the 38 "
+        "single-stream blocks). SD3: ignored (all its blocks are joint blocks).",
+        choices=("all", "double", "single"),
+    )
+
+
+@dataclass
+class PriorConfig:
+    enabled: bool = key(False, "DreamBooth prior preservation: also train on class images with the class prompt.")
+    class_path: str = key("", "Folder of class images; missing ones are generated with the base model.")
+    class_prompt: str = key("", "Prompt of the class images, e.g. `a photo of a dog`.")
+    num_class_images: int = key(100, "How many class images to have; generated when the folder holds fewer.")
+    loss_weight: float = key(1.0, "Weight of the prior-preservation loss.")
+    sample_steps: int = key(25, "Inference steps used to generate class images.")
+
+
+@dataclass
+class DataConfig:
+    path: str = key(
+        "",
+        "Training images: a folder of images with same-name `.txt` captions, kohya `N_prompt` sub-folders "
+        "(N repeats), or a `metadata.jsonl`. `demo://demo-data` is the offline demo set. Detection: a COCO "
+        "`.json` file, a YOLO `data.yaml`, or a folder holding `data.yaml` or `train.json` (+ `val.json`); "
+        "`demo://shapes-coco` is the offline detection demo set.",
+    )
+    instance_prompt: Optional[str] = key(None, "Caption for images that have none (e.g. `a photo of sks dog`).")
+    caption_extension: str = key(".txt", "Extension of caption files next to the images.")
+    resolution: int = key(512, "Training resolution in pixels (square); a multiple of 8. Detection: the longest "
+                               "image side (images keep their aspect ratio; SSDlite uses a square of this size).")
+    center_crop: bool = key(True, "Center-crop to the resolution; false crops at random (disables latent caching).")
+    flip: bool = key(False, "Randomly flip images horizontally (latents of both sides are cached).")
+    cache_latents: bool = key(True, "Encode each image with the VAE once, not every step, when augmentation allows.")
+    bucketing: bool = key(
+        False,
+        "Aspect-ratio buckets (SDXL, SD3, FLUX, SD 1.x/2.x): train each image at the bucket shape nearest to its "
+        "own aspect ratio, all of about `resolution`² pixels (sides multiples of `data.bucket_step`), instead of "
+        "a center-cropped square. Every optimizer step's batch comes from one bucket; the plan lists the buckets.",
+    )
+    bucket_step: int = key(64, "Bucket sides are multiples of this many pixels (a multiple of 8; 64 suits every "
+                               "family: FLUX/SD3 need multiples of 16, SDXL's UNet 32).")
+    bucket_max_aspect: float = key(4.0, "Most elongated bucket allowed: long side / short side (4.0: 1:4 to 4:1).")
+    bucket_min_side: Optional[int] = key(None, "Smallest bucket side in pixels; unset: only `bucket_max_aspect` "
+                                               "limits it.")
+    bucket_max_side: Optional[int] = key(None, "Largest bucket side in pixels; unset: resolution x "
+                                               "sqrt(bucket_max_aspect).")
+    cache_text_embeddings: Optional[bool] = key(
+        None,
+        "Encode each caption with the text encoders once (cached on disk), then move the frozen encoders off the "
+        "GPU; ignored while a text encoder is trained. Unset: the family's default (on for SDXL, SD3 and FLUX, whose "
+        "samples then come from the cached prompt embeddings too). SD 1.x/2.x always encodes captions per step.",
+    )
+
+
+@dataclass
+class BatchConfig:
+    total: int = key(
+        4,
+        "Effective batch per optimizer step, on any number of devices. "
+        "accumulation = total / (per_device x processes). Detection: Faster R-CNN's losses accumulate exactly "
+        "(equal-size images, frozen BatchNorm), so accumulation trains like one big batch; FCOS and RetinaNet "
+        "normalise each micro-batch by its own foreground count (close to, not exactly, a big batch); trainable "
+        "BatchNorm (random-init backbones, SSDlite, the v2 Faster R-CNN box head) never accumulates: its "
+        "statistics come from each micro-batch of per_device images.",
+    )
+    per_device: Union[int, str] = key(
+        1, "Micro-batch on each process, or `auto` for the largest that fits on the GPU (1 on CPU)."
+    )
+
+
+@dataclass
+class TrainConfig:
+    steps: int = key(1000, "Optimizer steps to train (not micro-steps; independent of the number of devices).")
+    lr: float = key(1e-4, "Learning rate (peak, after warmup).")
+    text_encoder_lr: Optional[float] = key(None, "Learning rate of the text encoder; defaults to `train.lr`.")
+    optimizer: str = key(
+        "adamw",
+        "`adamw` (PyTorch's fused CUDA kernel on GPUs), `adamw8bit` (bitsandbytes, CUDA only: a quarter of "
+        "AdamW's state memory) or `sgd` (momentum 0.9).",
+        choices=("adamw", "adamw8bit", "sgd"),
+    )
+    weight_decay: float = key(1e-2, "AdamW weight decay.")
+    betas: list[float] = key([0.9, 0.999], "AdamW betas.")
+    eps: float = key(1e-8, "AdamW epsilon.")
+    scheduler: str = key(
+        "constant",
+        "Learning-rate schedule over optimizer steps.",
+        choices=("constant", "linear", "cosine", "cosine_with_restarts", "polynomial"),
+    )
+    warmup_steps: int = key(0, "Linear warmup, in optimizer steps.")
+    max_grad_norm: float = key(1.0, "Clip the gradient norm to this (0 disables clipping).")
+    noise_offset: float = key(0.0, "Noise offset (0.05-0.1 helps very dark/bright images); 0 disables it.")
+    min_snr_gamma: Optional[float] = key(None, "Min-SNR loss weighting gamma (5 is usual); unset disables it.")
+    gradient_checkpointing: bool = key(False, "Trade compute for memory: recompute activations in backward.")
+    max_nonfinite_steps: int = key(
+        5, "Skip steps with a NaN/inf loss; after this many in a row the run fails (keeping its last checkpoint)."
+    )
+
+
+@dataclass
+class SampleConfig:
+    every: int = key(0, "Render samples every N optimizer steps (0: only at the start and the end).")
+    prompts: list[str] = key([], "Prompts to render; one PNG per prompt each time.")
+    negative_prompt: str = key("", "Negative prompt for every sample.")
+    seed: int = key(0, "Seed of the first prompt's noise (prompt i uses seed + i), fixed across the run.")
+    steps: int = key(25, "Inference steps per sample.")
+    guidance_scale: float = key(7.5, "Classifier-free guidance scale.")
+    size: Optional[int] = key(None, "Sample size in pixels; defaults to `data.resolution`.")
+
+
+@dataclass
+class DetectionConfig:
+    """Object detection (`model.family: detection`, `method: full`): torchvision detectors, COCO/YOLO data, mAP."""
+
+    weights: str = key(
+        "coco",
+        "Starting weights: `coco` (torchvision's COCO-pretrained DEFAULT weights, downloaded once: needs network), "
+        "`none` (random initialisation), or a local file (a torchvision state dict `.pth`, or a `.safetensors` "
+        "written by this trainer). The classification head is replaced for the dataset's classes; pretrained "
+        "backbones get frozen BatchNorm.",
+    )
+    trainable_backbone_layers: Optional[int] = key(
+        None,
+        "With pretrained weights, how many backbone stages train, counted from the top (0: frozen backbone; ResNet "
+        "0-5, MobileNet 0-6). Unset: torchvision's default (3; SSDlite all). Random init trains everything.",
+    )
+    sync_batchnorm: bool = key(
+        False, "Share trainable BatchNorm statistics across GPUs (SyncBatchNorm): CUDA only; helps small per-device "
+        "batches with random-init backbones.",
+    )
+    images: str = key(
+        "", "COCO: the folder the JSON's `file_name`s are relative to. Empty: found next to the JSON file (itself, "
+        "`images/`, or `../train2017` for `instances_train2017.json`).",
+    )
+    val_path: str = key(
+        "", "COCO validation annotations (`.json`). Empty: YOLO's `val`, a `val.json` next to `train.json`, else "
+        "`detection.val_fraction` of the training images.",
+    )
+    val_fraction: float = key(
+        0.1, "Share of the training images kept for validation when none is given (chosen with `seed`).")
+    augment: list[str] = key(
+        [], "Augmentations besides `data.flip` (torchvision transforms v2; boxes follow): `color` (photometric "
+        "distortion), `zoom_out` (SSD zoom-out), `iou_crop` (SSD random IoU crop).",
+    )
+    score_threshold: float = key(0.3, "Boxes scoring at least this are drawn in samples and returned by `predict`.")
+    max_detections: int = key(
+        100, "Most boxes per image at evaluation and inference (COCO counts 100); also keeps the evaluation of "
+        "random-init detectors (thousands of low-score boxes) fast.",
+    )
+    eval_images: int = key(0, "Evaluate on at most this many validation images (0: all of them).")
+    sample_images: int = key(
+        4, "Validation images drawn with their true (left) and predicted (right) boxes per sample step.")
+    best_metric: str = key(
+        "map", "Metric that keeps `checkpoints/best/`: `map` (COCO mAP@[.5:.95]) or `map50`.", choices=("map", "map50")
+    )
+
+
+@dataclass
+class EvalConfig:
+    every: int = key(0, "Evaluate every N optimizer steps, for families with metrics (detection: mAP); 0: only at the end.")
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = key(500, "Save a checkpoint every N optimizer steps (0: only when stopping).")
+    keep: int = key(2, "How many checkpoints to keep (the oldest are deleted).")
+
+
+@dataclass
+class DistributedConfig:
+    nodes: int = key(1, "Machines in the run (multi-node through torchrun's static rendezvous: node 0 is rank 0).")
+    node_rank: int = key(0, "This machine's index, 0 .. nodes-1 (node 0 writes the run folder).")
+    master_addr: str = key("127.0.0.1", "Address of node 0, reachable from every node.")
+    master_port: int = key(29500, "Rendezvous port on node 0 (multi-node only; single-node picks a free one).")
+    timeout_s: int = key(1800, "Seconds a collective may wait before the run fails naming what it waited for.")
+    sharding: str = key(
+        "auto",
+        "How the processes share a full fine-tune: `ddp` (every GPU holds the whole model, gradients averaged), "
+        "`fsdp` (PyTorch FSDP2: weights, gradients and optimizer state sharded across the processes, for models "
+        "that do not fit on one GPU; samples and checkpoints gather the full weights), or `auto` (fsdp when a "
+        "full fine-tune's weights + gradients + AdamW state would not fit in 80% of one GPU's memory and there are "
+        "several GPUs; ddp otherwise, and always for LoRA), or `deepspeed` (DeepSpeed ZeRO through accelerate: "
+        "optimizer state (stage 1) and gradients (stage 2) partitioned across the processes, weights replicated; "
+        "one trained network, precision bf16 or fp32, adamw or sgd; `pip install 'imagetune[deepspeed]'`).",
+        choices=("auto", "ddp", "fsdp", "deepspeed"),
+    )
+    zero_stage: int = key(
+        2,
+        "DeepSpeed ZeRO stage with sharding=deepspeed: 1 partitions the optimizer state, 2 also the gradients. "
+        "(Stage 3, sharded weights, is what sharding=fsdp does.)",
+    )
+
+
+@dataclass
+class Config:
+    version: int = key(SCHEMA_VERSION, "Schema version of this preset (old versions are migrated on load).")
+    name: str = key("run", "Run name; the run folder is `runs/<name>` (a number is appended if it exists).")
+    method: str = key("lora", "`lora` (small adapter file) or `full` (DreamBooth full fine-tune).", choices=("lora", "full"))
+    seed: int = key(0, "Seed of everything: initialisation, data order, noise, augmentation.")
+    devices: Any = key(
+        "auto",
+        "`auto` (every visible GPU, else CPU), a GPU count (2), a list of GPU ids ([0, 2]) or `cpu:N` "
+        "(N CPU processes on gloo).",
+    )
+    precision: str = key(
+        "auto",
+        "`auto` (bf16 where the GPU has it, else fp16 with loss scaling; fp32 on CPU), `bf16`, `fp16`, `fp32`.",
+        choices=("auto", "bf16", "fp16", "fp32"),
+    )
+    attention: str = key(
+        "auto", "`auto` (xformers if installed on CUDA, else PyTorch SDPA), `sdpa`, `xformers`.",
+        choices=("auto", "sdpa", "xformers"),
+    )
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    full: FullConfig = field(default_factory=FullConfig)
+    prior: PriorConfig = field(default_factory=PriorConfig)
+    flow: FlowConfig = field(default_factory=FlowConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    sample: SampleConfig = field(default_factory=SampleConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    detection: DetectionConfig = field(default_factory=DetectionConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+
+
+def iter_keys(cls=Config, prefix: str = ""):
+    """Yield (dotted key, dataclass field) for every leaf key of the schema, in declaration order."""
+    for f in fields(cls):
+        name = f"{prefix}{f.name}"
+        if f.default_factory is not MISSING and is_dataclass(f.default_factory):
+            sub = f.default_factory
+            yield from iter_keys(sub, name + ".")
+        else:
+            yield name, f

@@ -1,0 +1,195 @@
+"""Semantic checks of a typed Config: ranges, paths and combinations. Returns every problem, raises nothing.
+
+Checks that depend on the machine (GPU count, bf16 support, xformers, bitsandbytes) live in `trainer.core.plan`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from pathlib import Path
+
+from trainer.core.config.schema import Config
+
+DEMO_SCHEME = "demo://"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_CPU_DEVICES = re.compile(r"^cpu(:(\d+))?$")
+
+
+def is_hub_id(path: str) -> bool:
+    """`org/name` that is not a local path: diffusers fetches it from the Hugging Face hub."""
+    return bool(_HUB_ID.match(path)) and not Path(path).exists()
+
+
+def _model_path_problem(key: str, path: str) -> str | None:
+    if not path:
+        return f"{key}: is empty; set it to a diffusers folder, a .safetensors file or a hub id"
+    if path.startswith(DEMO_SCHEME) or Path(path).expanduser().exists():
+        return None
+    if is_hub_id(path):
+        if os.environ.get("HF_HUB_OFFLINE") == "1":
+            return f"{key}: '{path}' looks like a hub id, but HF_HUB_OFFLINE=1; download it first or use a local path"
+        return None
+    return f"{key}: '{path}' does not exist; give a local folder/file that exists or a hub id like org/name"
+
+
+def _positive(problems: list[str], key: str, value, *, allow_zero: bool = False) -> None:
+    if value is None:
+        return
+    if value < 0 or (value == 0 and not allow_zero):
+        kind = "zero or more" if allow_zero else "greater than zero"
+        problems.append(f"{key}: must be {kind}, got {value}")
+
+
+def parse_devices(devices) -> tuple[str, object]:
+    """Normalise `devices` to ("auto", None) | ("gpus", count:int) | ("gpu_ids", [ids]) | ("cpu", n).
+
+    Raises ValueError with a message naming the accepted forms.
+    """
+    if isinstance(devices, bool):
+        raise ValueError("devices: expected auto, a GPU count, a list of GPU ids or cpu:N")
+    if isinstance(devices, int):
+        if devices < 1:
+            raise ValueError(f"devices: a GPU count must be 1 or more, got {devices}")
+        return "gpus", devices
+    if isinstance(devices, (list, tuple)):
+        if not devices or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in devices):
+            raise ValueError(f"devices: a list must hold GPU ids like [0, 1], got {list(devices)}")
+        if len(set(devices)) != len(devices):
+            raise ValueError(f"devices: GPU ids repeat in {list(devices)}")
+        return "gpu_ids", list(devices)
+    text = str(devices).strip().lower()
+    if text == "auto":
+        return "auto", None
+    if text.isdigit():
+        return parse_devices(int(text))
+    match = _CPU_DEVICES.match(text)
+    if match:
+        count = int(match.group(2) or 1)
+        if count < 1:
+            raise ValueError("devices: cpu:N needs N of 1 or more")
+        return "cpu", count
+    if re.fullmatch(r"\d+(,\d+)+", text):
+        return parse_devices([int(t) for t in text.split(",")])
+    raise ValueError(f"devices: {devices!r} is not auto, a GPU count (2), a list of GPU ids ([0, 1]) or cpu:N")
+
+
+def validate(config: Config, *, check_paths: bool = True) -> list[str]:
+    p: list[str] = []
+    t, b = config.train, config.batch
+    _positive(p, "train.steps", t.steps)
+    _positive(p, "train.lr", t.lr)
+    _positive(p, "train.text_encoder_lr", t.text_encoder_lr)
+    _positive(p, "train.warmup_steps", t.warmup_steps, allow_zero=True)
+    _positive(p, "train.max_grad_norm", t.max_grad_norm, allow_zero=True)
+    _positive(p, "train.noise_offset", t.noise_offset, allow_zero=True)
+    _positive(p, "train.min_snr_gamma", t.min_snr_gamma)
+    _positive(p, "train.weight_decay", t.weight_decay, allow_zero=True)
+    _positive(p, "train.max_nonfinite_steps", t.max_nonfinite_steps)
+    if len(t.betas) != 2 or not all(0 <= x < 1 for x in t.betas):
+        p.append(f"train.betas: must be two numbers in [0, 1), got {t.betas}")
+    _positive(p, "batch.total", b.total)
+    if isinstance(b.per_device, str):
+        if b.per_device != "auto":
+            p.append(f"batch.per_device: must be a positive integer or auto, got {b.per_device!r}")
+    else:
+        _positive(p, "batch.per_device", b.per_device)
+    res = config.data.resolution
+    detection = config.model.family == "detection"
+    if detection:  # a detector's model.path is an architecture and data.path annotations: its own checks
+        from trainer.families.detection.checks import detection_problems
+
+        p += detection_problems(config, check_paths=check_paths)
+    elif res < 8 or res % 8:
+        p.append(f"data.resolution: must be a multiple of 8 (the VAE downsamples by 8), got {res}")
+    if config.data.bucketing and not detection:
+        p += _bucket_problems(config)
+    lora = config.lora
+    if config.method == "lora":
+        _positive(p, "lora.rank", lora.rank)
+        _positive(p, "lora.alpha", lora.alpha)
+        if not 0 <= lora.dropout < 1:
+            p.append(f"lora.dropout: must be in [0, 1), got {lora.dropout}")
+        if not lora.unet_targets:
+            p.append("lora.unet_targets: needs at least one module name, e.g. [to_q, to_k, to_v, to_out.0]")
+    base_weights = config.model.base_weights
+    if base_weights != "default" and (config.method != "lora" or detection):
+        p.append(f"model.base_weights: {base_weights} is for LoRA on the diffusion families (a full fine-tune "
+                 "trains every weight in fp32); set model.base_weights=default")
+    elif base_weights == "fp8" and not config.train.gradient_checkpointing:
+        p.append("model.base_weights: fp8 saves memory only with train.gradient_checkpointing=true (otherwise "
+                 "each layer's upcast weights are kept for the backward pass): set it, or base_weights=default")
+    elif base_weights == "nf4" and importlib.util.find_spec("torchao") is None:
+        p.append("model.base_weights: nf4 needs torchao, which is not installed: `pip install 'imagetune[nf4]'`, "
+                 "or set model.base_weights=fp8 (built in) or default")
+    if config.distributed.zero_stage not in (1, 2):
+        p.append(f"distributed.zero_stage: 1 or 2, got {config.distributed.zero_stage} (for sharded weights, ZeRO-3, "
+                 "use distributed.sharding=fsdp)")
+    if config.method == "full" and not 0 < config.full.ema_decay < 1:
+        p.append(f"full.ema_decay: must be between 0 and 1, got {config.full.ema_decay}")
+    _positive(p, "sample.every", config.sample.every, allow_zero=True)
+    _positive(p, "sample.steps", config.sample.steps)
+    _positive(p, "checkpoint.every", config.checkpoint.every, allow_zero=True)
+    _positive(p, "eval.every", config.eval.every, allow_zero=True)
+    _positive(p, "checkpoint.keep", config.checkpoint.keep)
+    if not all(isinstance(x, str) and x.strip() for x in config.sample.prompts):
+        p.append("sample.prompts: must be a list of non-empty strings")
+    d = config.distributed
+    _positive(p, "distributed.nodes", d.nodes)
+    _positive(p, "distributed.timeout_s", d.timeout_s)
+    if not 0 <= d.node_rank < max(d.nodes, 1):
+        p.append(f"distributed.node_rank: must be in 0..{d.nodes - 1}, got {d.node_rank}")
+    if not 1 <= d.master_port <= 65535:
+        p.append(f"distributed.master_port: must be a TCP port (1-65535), got {d.master_port}")
+    try:
+        parse_devices(config.devices)
+    except ValueError as exc:
+        p.append(str(exc))
+    prior = config.prior
+    if prior.enabled:
+        if not prior.class_prompt.strip():
+            p.append("prior.class_prompt: prior preservation needs a class prompt, e.g. 'a photo of a dog'")
+        if not prior.class_path:
+            p.append("prior.class_path: prior preservation needs a folder for class images (it may be empty)")
+        _positive(p, "prior.num_class_images", prior.num_class_images)
+        _positive(p, "prior.loss_weight", prior.loss_weight)
+    if check_paths and not detection:
+        problem = _model_path_problem("model.path", config.model.path)
+        if problem:
+            p.append(problem)
+        if config.model.config:
+            problem = _model_path_problem("model.config", config.model.config)
+            if problem:
+                p.append(problem)
+        data = config.data.path
+        if not data:
+            p.append("data.path: is empty; set it to a folder of training images")
+        elif not data.startswith(DEMO_SCHEME) and not Path(data).expanduser().is_dir():
+            p.append(f"data.path: folder '{data}' does not exist; point it at a folder of images")
+    return p
+
+
+def _bucket_problems(config: Config) -> list[str]:
+    d, p = config.data, []
+    if d.bucket_step < 8 or d.bucket_step % 8:
+        p.append(f"data.bucket_step: must be a multiple of 8 (the VAE downsamples by 8), got {d.bucket_step}")
+    elif config.model.family in ("flux", "sd3") and d.bucket_step % 16:
+        p.append(f"data.bucket_step: {config.model.family} packs 2x2 latent patches, so bucket sides must be "
+                 f"multiples of 16; got {d.bucket_step} (64 is usual)")
+    if not d.bucket_max_aspect >= 1:
+        p.append(f"data.bucket_max_aspect: must be 1 or more (long side / short side), got {d.bucket_max_aspect}")
+    for name in ("bucket_min_side", "bucket_max_side"):
+        value = getattr(d, name)
+        if value is not None and (value < 8 or value % 8):
+            p.append(f"data.{name}: must be a positive multiple of 8, got {value}")
+    lo, hi = d.bucket_min_side, d.bucket_max_side
+    if lo is not None and hi is not None and lo > hi:
+        p.append(f"data.bucket_min_side ({lo}) is larger than data.bucket_max_side ({hi})")
+    if lo is not None and lo > d.resolution:
+        p.append(f"data.bucket_min_side: {lo} is larger than data.resolution {d.resolution}: no bucket fits")
+    if hi is not None and d.bucket_step > 0 and hi < d.resolution // d.bucket_step * d.bucket_step:
+        p.append(f"data.bucket_max_side: {hi} is smaller than data.resolution {d.resolution}: no square bucket")
+    if not p and d.resolution < d.bucket_step:
+        p.append(f"data.bucket_step: {d.bucket_step} is larger than data.resolution {d.resolution}")
+    return p

@@ -1,0 +1,298 @@
+"""Start, watch, stop and resume runs: the one path both front-ends (launch.py and the web UI) take.
+
+A run is torchrun in its own session (so a Ctrl-C in the terminal or a GUI restart does not reach the workers;
+they are stopped through the STOP file, or killed with their whole process tree by trainer.core.proctree). The workers write the run's events;
+the launcher writes the first one (`plan`, or `resumed`) and, when the workers die without a final event,
+the `failed` event that names the rank and shows its last log lines.
+
+Torch is imported only by `probe()` (when no Hardware is passed in, for a GPU plan) and by the demo-asset
+builder: the web UI passes the Hardware it read from `python -m trainer.core.hardware`, so its process stays
+torch-free. Folder details live in trainer.core.runfolder, resume checks in trainer.core.resume.
+
+    run_dir, plan = prepare_run(config, "runs")        # or resume_run(run_dir, ["train.steps=2000"])
+    proc = start_run(run_dir, plan, config)            # proc.request_stop() / proc.kill()
+    final = proc.wait()                                # the run's one final event (done/stopped/failed)
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from trainer.core.config import Config, to_yaml
+from trainer.core.config.validate import parse_devices
+from trainer.core.checkpoint import Checkpoint
+from trainer.core.events import EventLog, final_event, read_events
+from trainer.core.hardware import Hardware
+from trainer.core.plan import Plan, make_plan
+from trainer.core.proctree import kill_tree
+from trainer.core.runfolder import (
+    CONFIG_FILE, LOG_FILE, LOGS_DIR, PID_FILE, PLAN_FILE, check_run_name, create_run_dir,
+    describe_failure, request_stop, resolve_paths, write_atomic,
+)
+from trainer.core.stopping import STOP_FILE
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+WORKER_MODULE = "trainer.engine.worker"
+
+
+@functools.lru_cache(maxsize=None)
+def _torchrun_has(flag: str) -> bool:
+    """Whether this torch's torchrun takes `flag` (some are newer than torch 2.11), read from its source file:
+    asking `torchrun --help` or importing torch would cost seconds in a process that stays torch-free."""
+    spec = importlib.util.find_spec("torch")  # a top-level name: found without importing it
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    run_py = Path(list(spec.submodule_search_locations)[0]) / "distributed" / "run.py"
+    try:
+        return f'"{flag}"' in run_py.read_text(errors="replace")
+    except OSError:
+        return False
+
+
+def _probe(hw: Hardware | None, config: Config) -> Hardware:
+    if hw is not None:
+        return hw
+    try:
+        if parse_devices(config.devices)[0] == "cpu":
+            # A cpu:N plan does not depend on the GPUs; skipping probe() saves importing torch (seconds).
+            return Hardware(cpu_count=os.cpu_count() or 1)
+    except ValueError:
+        pass  # make_plan reports it
+    from trainer.core.hardware import probe_in_subprocess  # torch stays out of this process (the UI's too)
+
+    return probe_in_subprocess()
+
+
+def plan_for(config: Config, hw: Hardware | None = None) -> Plan:
+    """The plan of `config` on this machine (or on `hw`); raises ConfigError. Creates nothing."""
+    from trainer.core.model_size import trained_parameters
+
+    hw = _probe(hw, config)
+    parameters = trained_parameters(config.model.family, config.model.path) if config.method == "full" else None
+    return make_plan(config, hw, parameters)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Preparing a run folder
+
+
+def check_data(config: Config):
+    """Scan the dataset before any process starts: a dataset that cannot train is the user's mistake to
+    report now (exit 2, nothing created), not a failed run a minute later. Each family has its own torch-free
+    check (trainer.families.data_check: captioned images, detection annotations...). Per-file warnings (corrupt
+    files, missing captions, bad boxes) come from the workers as `warning` events."""
+    from trainer.families import data_check
+
+    return data_check(config.model.family)(config)  # the scan of captioned images (for the plan's buckets)
+
+
+def prepare_run(config: Config, runs_dir: str | Path, hw: Hardware | None = None) -> tuple[Path, Plan]:
+    """Plan the run, then create its folder (never reusing one) with config.yaml, plan.json and the `plan` event.
+
+    Raises ConfigError/UserError before anything is created on disk (except the shared demo assets).
+    Every node of a multi-node run calls this on its own machine; only global rank 0 (on node 0) writes the
+    workers' events, so the other nodes' folders hold the config, the logs and the launcher's own events.
+    """
+    check_run_name(config.name)
+    plan = plan_for(config, hw)
+    config = resolve_paths(config, runs_dir)
+    plan = plan.with_buckets(config, check_data(config))
+    run_dir = create_run_dir(runs_dir, config.name)
+    write_atomic(run_dir / CONFIG_FILE, to_yaml(config))
+    write_atomic(run_dir / PLAN_FILE, json.dumps(plan.event(), indent=2) + "\n")
+    EventLog(run_dir).emit("plan", **plan.event(), node_rank=config.distributed.node_rank)
+    return run_dir, plan
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The torchrun command
+
+
+def build_command(
+    run_dir: str | Path,
+    plan: Plan,
+    config: Config,
+    resume: str | Path | None = None,
+    worker_module: str = WORKER_MODULE,
+) -> list[str]:
+    """torchrun's command line: one process per device (plan.processes_per_node) on this node."""
+    run_dir = Path(run_dir)
+    cmd = [sys.executable, "-m", "torch.distributed.run"]
+    if plan.nodes > 1:
+        d = config.distributed
+        # The static rendezvous, not c10d: c10d ignores --node-rank (torchrun warns so) and numbers the nodes by
+        # sorting their (host address, pid) descriptors, so global rank 0 could land on any machine. Static makes
+        # group rank = --node-rank, hence global rank = node_rank * nproc + local_rank, and rank 0 (the events
+        # writer) is on node 0, whose launcher created the run folder the user watches. Node 0's agent hosts the
+        # TCPStore on master_port; the others wait up to timeout_s for it.
+        cmd += [
+            "--nnodes", str(plan.nodes), "--node-rank", str(d.node_rank), "--rdzv-backend", "static",
+            "--master-addr", d.master_addr, "--master-port", str(d.master_port),
+            "--rdzv-id", config.name, "--rdzv-conf", f"timeout={d.timeout_s}",
+        ]
+    else:
+        # A c10d store on a free port: several single-node runs can share a machine without port clashes.
+        cmd += ["--standalone", "--nnodes", "1"]
+    cmd += [
+        "--nproc-per-node", str(plan.processes_per_node), "--max-restarts", "0",
+        # Per-rank stdout/stderr files under logs/ (read back when a rank dies) and, through --tee, the same
+        # lines on torchrun's console (-> train.log) prefixed with the global rank.
+        "--log-dir", str(run_dir / LOGS_DIR), "--redirects", "3", "--tee", "3",
+        *(["--log-line-prefix-template", "[rank${rank}]: "] if _torchrun_has("--log-line-prefix-template") else []),
+        "--module", worker_module, str(run_dir),
+    ]
+    if resume is not None:
+        cmd += ["--resume", str(resume)]
+    return cmd
+
+
+def build_env(plan: Plan, base: dict | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env["PYTHONUNBUFFERED"] = "1"  # log lines reach train.log (and the UI) as they are printed
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    if plan.device == "cuda":
+        # The plan's ids count the GPUs this process sees; if CUDA_VISIBLE_DEVICES already narrows them,
+        # translate through it rather than re-exposing physical GPUs 0..n.
+        visible = [v for v in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+        ids = [visible[i] if i < len(visible) else str(i) for i in plan.gpu_ids] if visible else map(str, plan.gpu_ids)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU plan must not create CUDA contexts on a shared GPU machine
+    if "OMP_NUM_THREADS" not in env:
+        # Without it torchrun sets 1 thread (CPU training crawls) or each rank takes every core (oversubscribed).
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        env["OMP_NUM_THREADS"] = str(max(1, cores // plan.processes_per_node))
+    return env
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A running run
+
+
+@dataclass
+class RunProcess:
+    """torchrun started by `start_run`; `wait()` guarantees the run ends with exactly one final event."""
+
+    run_dir: Path
+    plan: Plan
+    process: subprocess.Popen
+    node_rank: int = 0
+    log_offset: int = 0  # where this launch's output starts in train.log
+    resumed_from: Checkpoint | None = None
+    changes: dict = field(default_factory=dict)
+    killed: bool = False  # kill() was called: the `failed` reason says so instead of guessing
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _final: dict | None = field(default=None, repr=False)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def poll(self) -> int | None:
+        return self.process.poll()
+
+    def request_stop(self) -> None:
+        """Graceful: the workers checkpoint at the next step boundary and end with `stopped`."""
+        request_stop(self.run_dir)
+
+    def kill(self, grace_s: float = 10.0) -> None:
+        """SIGTERM torchrun (it passes it on to the workers), SIGKILL the whole tree if alive after grace_s."""
+        self.killed = True
+        kill_tree(self.process.pid, grace_s, self.process)
+
+    def wait(self, timeout: float | None = None) -> dict:
+        """Wait for torchrun to exit, then return the run's final event, writing `failed` if there is none."""
+        self.process.wait(timeout)
+        with self._lock:
+            if self._final is None:
+                self._final = self._finish(self.process.returncode)
+        return self._final
+
+    def _finish(self, returncode: int) -> dict:
+        events = read_events(self.run_dir)
+        final = final_event(events)
+        if final is not None:
+            return final
+        log = EventLog(self.run_dir)
+        if self.node_rank > 0:
+            # Global rank 0 (node 0) writes the run's events; this node's folder still needs an ending.
+            note = "the run's events, samples, checkpoints and outputs are in node 0's run folder"
+            if returncode == 0:
+                kind = "stopped" if (self.run_dir / STOP_FILE).exists() else "done"
+                extra = {"checkpoint": None} if kind == "stopped" else {"outputs": []}
+                message = f"node {self.node_rank} finished; {note}"
+                return log.emit(kind, node_rank=self.node_rank, message=message, **extra)
+        if self.killed:
+            return log.emit("failed", exitcode=returncode, reason=(
+                "The run was killed on request before it could stop gracefully; continue it from its last "
+                f"checkpoint with: python launch.py --resume {self.run_dir}"))
+        return log.emit("failed", **describe_failure(self.run_dir, returncode, self.log_offset, self.node_rank))
+
+
+def start_run(
+    run_dir: str | Path,
+    plan: Plan,
+    config: Config,
+    resume: str | Path | None = None,
+    worker_module: str = WORKER_MODULE,
+) -> RunProcess:
+    """Start torchrun for a prepared run folder in its own process group; output is appended to train.log."""
+    run_dir = Path(run_dir).resolve()
+    log_path = run_dir / LOG_FILE
+    offset = log_path.stat().st_size if log_path.exists() else 0
+    cmd = build_command(run_dir, plan, config, resume, worker_module)
+    with open(log_path, "ab") as log:
+        log.write(f"$ {' '.join(cmd)}\n".encode())
+        log.flush()
+        process = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=build_env(plan),
+            start_new_session=True,  # own process group: killpg reaches every worker, terminal Ctrl-C does not
+        )
+    write_atomic(run_dir / PID_FILE, f"{process.pid}\n")
+    return RunProcess(run_dir, plan, process, node_rank=config.distributed.node_rank, log_offset=offset)
+
+
+def kill_run(run_dir: str | Path, grace_s: float = 10.0) -> bool:
+    """Kill a run started by another process (e.g. before a GUI restart) through its launcher.pid."""
+    if final_event(read_events(run_dir)) is not None:
+        return False
+    try:
+        pgid = int((Path(run_dir) / PID_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return False
+    kill_tree(pgid, grace_s)
+    return True
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Resume
+
+
+def resume_run(
+    run_dir: str | Path, overrides: Iterable[str] = (), worker_module: str = WORKER_MODULE, hw: Hardware | None = None
+) -> RunProcess:
+    """Continue a stopped/failed run from its newest complete checkpoint (same step, schedule, data order),
+    with `overrides` (e.g. train.steps=2000 to train longer). See trainer.core.resume for what may change."""
+    from trainer.core.resume import prepare_resume  # it plans with this module's plan_for
+
+    run_dir = Path(run_dir).expanduser().resolve()
+    r = prepare_resume(run_dir, overrides, hw)
+    (run_dir / STOP_FILE).unlink(missing_ok=True)  # left from the stop being resumed; it would stop us at once
+    write_atomic(run_dir / CONFIG_FILE, to_yaml(r.config))
+    write_atomic(run_dir / PLAN_FILE, json.dumps(r.plan.event(), indent=2) + "\n")
+    EventLog(run_dir).emit(
+        "resumed", step=r.checkpoint.step, checkpoint=str(r.checkpoint.path.relative_to(run_dir)),
+        changes=r.changes, plan=r.plan.event(), line=r.plan.line(),
+    )
+    proc = start_run(run_dir, r.plan, r.config, resume=r.checkpoint.path, worker_module=worker_module)
+    proc.resumed_from, proc.changes = r.checkpoint, r.changes
+    return proc

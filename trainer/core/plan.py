@@ -1,0 +1,276 @@
+"""The plan: how a config runs on this machine. A pure function of (Config, Hardware), torch-free.
+
+`batch.total` is the effective batch of one optimizer step on any number of devices;
+accumulation = total / (per_device x world_size). Steps, schedules and epochs count optimizer steps, so the
+same preset trains the same way on 1, 2 or 8 processes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from trainer.core.config.schema import Config
+from trainer.core.config.validate import parse_devices
+from trainer.errors import ConfigError
+from trainer.core.hardware import Hardware
+
+
+@dataclass(frozen=True)
+class Plan:
+    device: str  # "cuda" or "cpu"
+    gpu_ids: tuple[int, ...]  # CUDA_VISIBLE_DEVICES for the workers; empty on CPU
+    nodes: int
+    processes_per_node: int
+    per_device: int
+    accumulation: int
+    total: int
+    precision: str  # "bf16" | "fp16" | "fp32"
+    attention: str  # "sdpa" | "xformers"
+    steps: int
+    notes: tuple[str, ...] = field(default=())
+    sharding: str = "ddp"  # "ddp" | "fsdp" (trainer.engine.parallel.fsdp) | "deepspeed" (trainer.engine.parallel.deepspeed)
+    zero_stage: int = 0  # DeepSpeed's ZeRO stage (1 or 2) when sharding is "deepspeed"
+    # Aspect-ratio buckets ((width, height, images), the fullest first) when data.bucketing is on; filled in by
+    # the launcher from the dataset scan (`with_buckets`), since the plan itself reads no files.
+    buckets: tuple[tuple[int, int, int], ...] = field(default=())
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.processes_per_node
+
+    def line(self) -> str:
+        """One line a person reads before anything starts."""
+        procs = self.world_size
+        nodes = f"{self.nodes} nodes x " if self.nodes > 1 else ""
+        per_node = f"{self.processes_per_node} process{'es' if self.processes_per_node > 1 else ''}"
+        head = f"{nodes}{per_node}" if self.nodes > 1 else f"{procs} process{'es' if procs > 1 else ''}"
+        where = "cpu" if self.device == "cpu" else f"gpu {','.join(map(str, self.gpu_ids))}"
+        line = (
+            f"{head} x {self.per_device} per device x accumulation {self.accumulation} = batch {self.total}"
+            f" · {self.precision} · {self.attention}{self._sharding_text()} · {where}"
+        )
+        if self.buckets:
+            from trainer.core.data.buckets import describe
+
+            line += f" · buckets {describe(self.buckets)}"
+        return line
+
+    def _sharding_text(self) -> str:
+        if self.sharding == "fsdp":
+            return " · fsdp"
+        if self.sharding == "deepspeed":
+            return f" · deepspeed zero-{self.zero_stage}"
+        return ""
+
+    def event(self) -> dict:
+        """The fields of the run's first event (`plan`)."""
+        data = asdict(self)
+        data.update(
+            world_size=self.world_size,
+            devices="cpu" if self.device == "cpu" else list(self.gpu_ids),
+            line=self.line(),
+            notes=list(self.notes),
+            buckets=[{"width": w, "height": h, "images": n} for w, h, n in self.buckets],
+        )
+        return data
+
+    @classmethod
+    def from_event(cls, event: dict) -> "Plan":
+        names = cls.__dataclass_fields__.keys()
+        data = {k: event[k] for k in names if k in event}
+        data["gpu_ids"] = tuple(data.get("gpu_ids", ()))
+        data["notes"] = tuple(data.get("notes", ()))
+        data["buckets"] = tuple((b["width"], b["height"], b["images"]) for b in data.get("buckets", ()))
+        return cls(**data)
+
+    def with_buckets(self, config: Config, scan) -> "Plan":
+        """This plan listing the aspect-ratio buckets of `scan` (trainer.core.data.scan) when data.bucketing is on, with
+        a note naming the buckets that hold fewer images than one step's batch."""
+        if not (config.data.bucketing and config.model.family != "detection" and getattr(scan, "items", None)):
+            return self
+        from dataclasses import replace
+
+        from trainer.core.data.buckets import BucketSpec, bucket_counts
+
+        spec = BucketSpec.from_config(config.data)
+        rows = tuple(bucket_counts([(i.width, i.height) for i in scan.items], spec))
+        expanded = bucket_counts([(i.width, i.height) for i in scan.items for _ in range(i.repeats)], spec)
+        small = [f"{w}x{h} ({n})" for w, h, n in expanded if n < self.total]
+        notes = self.notes
+        if small:
+            notes += (f"buckets with fewer images than batch {self.total} repeat some of them within a step: "
+                      f"{', '.join(small)}",)
+        return replace(self, buckets=rows, notes=notes)
+
+
+def resolve_batch(total: int, per_device: int, world_size: int) -> tuple[int, int, int, list[str]]:
+    """(total, per_device, accumulation, notes) such that total = per_device x world_size x accumulation.
+
+    Keeps the requested total whenever it divides by the number of processes (lowering per_device to a
+    divisor if needed); otherwise rounds the total to the nearest multiple and says so.
+    """
+    notes: list[str] = []
+    if total % world_size:
+        rounded = max(world_size, round(total / world_size) * world_size)
+        notes.append(
+            f"batch.total {total} is not a multiple of {world_size} processes; using batch {rounded} "
+            f"(set batch.total to a multiple of {world_size} to choose yourself)"
+        )
+        total = rounded
+    per_rank = total // world_size
+    wanted = per_device
+    per_device = min(per_device, per_rank)
+    while per_rank % per_device:
+        per_device -= 1
+    if per_device != wanted:
+        notes.append(
+            f"batch.per_device lowered from {wanted} to {per_device} so that {per_device} per device x "
+            f"{world_size} process{'es' if world_size > 1 else ''} x accumulation {per_rank // per_device} "
+            f"= batch {total} exactly"
+        )
+    return total, per_device, per_rank // per_device, notes
+
+
+def choose_sharding(config: Config, hw: Hardware, device: str, world: int,
+                    parameters: int | None) -> tuple[str, list[str]]:
+    """("ddp" | "fsdp", notes). `parameters`: the trained network's size (trainer.core.model_size), if known."""
+    from trainer.core.model_size import full_finetune_bytes
+
+    wanted = config.distributed.sharding
+    if wanted != "auto":
+        return wanted, []
+    if config.method != "full" or device != "cuda" or not parameters or not hw.gpu_memory_gb:
+        return "ddp", []
+    need_gb = full_finetune_bytes(parameters, config.train.optimizer) / 2**30
+    have_gb = min(hw.gpu_memory_gb)
+    if need_gb <= 0.8 * have_gb:
+        return "ddp", []
+    if world == 1:
+        return "ddp", [f"a full fine-tune of {parameters / 1e9:.1f} B parameters needs about {need_gb:.0f} GB for "
+                       f"weights, gradients and {config.train.optimizer} state, more than this GPU's {have_gb:.0f} "
+                       "GB: expect out-of-memory; use more GPUs (sharded with FSDP), train.optimizer=adamw8bit, "
+                       "or method=lora"]
+    return "fsdp", [f"sharding: fsdp, because a full fine-tune of {parameters / 1e9:.1f} B parameters needs about "
+                    f"{need_gb:.0f} GB for weights, gradients and {config.train.optimizer} state (more than 80% of "
+                    f"{have_gb:.0f} GB); sharded across {world} processes: about {need_gb / world:.0f} GB each"]
+
+
+def _deepspeed_problems(config: Config, precision: str) -> list[str]:
+    """What DeepSpeed ZeRO (trainer.engine.parallel.deepspeed) cannot run, each with the way out."""
+    import importlib.util
+
+    out = []
+    key = "distributed.sharding: deepspeed"
+    if importlib.util.find_spec("deepspeed") is None:
+        out.append(f"{key} needs DeepSpeed, which is not installed: `pip install 'imagetune[deepspeed]'`, or use "
+                   "sharding=fsdp (built in)")
+    if config.model.family == "detection":
+        out.append(f"{key} is for the diffusion families; a torchvision detector fits on one GPU: use sharding=auto")
+    elif config.method != "full":
+        out.append(f"{key} is for full fine-tunes (method=full): a LoRA's optimizer state is small, there is "
+                   "nothing worth partitioning; use sharding=auto")
+    if precision == "fp16":
+        out.append(f"{key} runs with precision bf16 or fp32 (fp16's loss scaling would be DeepSpeed's, not ours): "
+                   "set precision=bf16")
+    if config.full.ema and config.method == "full":
+        out.append(f"full.ema is not supported with {key}: set full.ema=false")
+    trains_text_encoder = config.lora.train_text_encoder if config.method == "lora" else config.full.train_text_encoder
+    if trains_text_encoder:
+        out.append(f"{key} trains one network per run; set lora.train_text_encoder / full.train_text_encoder=false")
+    if config.train.optimizer not in ("adamw", "sgd"):
+        out.append(f"{key} works with train.optimizer adamw or sgd (got {config.train.optimizer})")
+    return out
+
+
+def make_plan(config: Config, hw: Hardware, parameters: int | None = None) -> Plan:
+    """The plan for `config` on `hw`; raises ConfigError listing everything that cannot work here.
+    `parameters`: the size of the network a full fine-tune trains (trainer.core.model_size), for the FSDP choice."""
+    problems: list[str] = []
+    notes: list[str] = []
+    try:
+        kind, value = parse_devices(config.devices)
+    except ValueError as exc:
+        raise ConfigError([str(exc)]) from None
+
+    gpu_ids: tuple[int, ...] = ()
+    if kind == "auto":
+        kind, value = ("gpus", hw.gpu_count) if hw.gpu_count else ("cpu", 1)
+    if kind == "gpus":
+        if value > hw.gpu_count:
+            problems.append(
+                f"devices: asks for {value} GPUs but this machine has {hw.gpu_count}; use devices=auto, "
+                f"a smaller count, or cpu:N"
+            )
+        gpu_ids = tuple(range(value))
+    elif kind == "gpu_ids":
+        missing = [i for i in value if i >= hw.gpu_count]
+        if missing:
+            problems.append(f"devices: GPU ids {missing} do not exist here (this machine has {hw.gpu_count} GPUs)")
+        gpu_ids = tuple(value)
+    device = "cpu" if kind == "cpu" else "cuda"
+    processes = value if kind == "cpu" else len(gpu_ids)
+    nodes = config.distributed.nodes
+    world = processes * nodes
+
+    precision = config.precision
+    if precision == "auto":
+        precision = ("bf16" if hw.bf16 else "fp16") if device == "cuda" else "fp32"
+    elif precision == "bf16" and device == "cuda" and not hw.bf16:
+        problems.append("precision: bf16 is not supported by these GPUs (it needs compute capability 8.0+); use fp16")
+
+    attention = config.attention
+    if attention == "auto":
+        attention = "xformers" if device == "cuda" and hw.xformers else "sdpa"
+    elif attention == "xformers" and not (device == "cuda" and hw.xformers):
+        problems.append(
+            "attention: xformers is not usable here (it needs CUDA and `pip install imagetune[xformers]` built "
+            "for this torch); use attention=sdpa"
+        )
+    if config.train.optimizer == "adamw8bit" and not (device == "cuda" and hw.bitsandbytes):
+        problems.append(
+            "train.optimizer: adamw8bit needs bitsandbytes on a CUDA GPU (`pip install imagetune[bnb]`); use adamw"
+        )
+
+    per_device = config.batch.per_device
+    if per_device == "auto":
+        # Finding the largest micro-batch that fits needs the model on the GPU; until then 1 is always safe.
+        notes.append("batch.per_device auto: using 1 (searching the largest batch that fits is not supported yet)")
+        per_device = 1
+    total = config.batch.total
+    if total < world:
+        problems.append(
+            f"batch.total: {total} is smaller than the {world} processes of this plan; each process needs at "
+            f"least one sample per step: raise batch.total to {world} or more, or use fewer devices"
+        )
+    sharding, sharding_notes = choose_sharding(config, hw, device, world, parameters)
+    notes += sharding_notes
+    if sharding == "fsdp":
+        if config.model.family == "detection":
+            problems.append("distributed.sharding: fsdp is for the diffusion families; a torchvision detector fits "
+                            "on one GPU: use sharding=auto or ddp")
+        elif config.method != "full":
+            problems.append("distributed.sharding: fsdp is for full fine-tunes (method=full); a LoRA's base "
+                            "weights are frozen and small next to activations: use sharding=auto or ddp")
+        if config.full.ema:
+            problems.append("full.ema is not supported with distributed.sharding=fsdp yet: set full.ema=false, "
+                            "or sharding=ddp if the model fits on one GPU")
+    if sharding == "deepspeed":
+        problems += _deepspeed_problems(config, precision)
+    if problems:
+        raise ConfigError(problems, "the plan")
+    total, per_device, accumulation, batch_notes = resolve_batch(total, per_device, world)
+    return Plan(
+        device=device,
+        gpu_ids=gpu_ids,
+        nodes=nodes,
+        processes_per_node=processes,
+        per_device=per_device,
+        accumulation=accumulation,
+        total=total,
+        precision=precision,
+        attention=attention,
+        steps=config.train.steps,
+        notes=tuple(notes + batch_notes),
+        sharding=sharding,
+        zero_stage=config.distributed.zero_stage if sharding == "deepspeed" else 0,
+    )

@@ -1,0 +1,170 @@
+"""The training loop: one optimizer step = `accumulation` micro-steps on every process, then one update.
+
+Everything a step needs is in `Run` (built by trainer.engine.worker). The loop owns accumulation, precision,
+clipping, the non-finite guard, stopping, samples, checkpoints and progress events; the family owns the maths.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from trainer.core.data.stream import BatchStream, position_seed
+from trainer.engine.precision import Amp
+from trainer.engine.parallel.fsdp import Sharding
+
+
+@dataclass
+class TrainState:
+    """What a checkpoint restores besides weights and optimizer: where we are."""
+
+    step: int = 0
+    nonfinite_in_row: int = 0
+    nonfinite_total: int = 0
+
+
+@dataclass
+class Run:
+    config: object
+    plan: object
+    accelerator: object
+    family: object
+    stream: BatchStream
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    amp: Amp
+    events: object  # EventLog on rank 0, a no-op elsewhere
+    stop: object  # StopRequest
+    run_dir: Path
+    state: TrainState = field(default_factory=TrainState)
+    phase: str = "starting"  # what the processes are doing: named in the failure if a collective times out
+    ema: object = None
+    # FSDP or not (trainer.engine.parallel.fsdp); whole-weight work (samples, checkpoints, outputs) runs in `gathered()`
+    sharding: Sharding = field(default_factory=lambda: Sharding(False, lambda module: module))
+
+    @property
+    def rank(self) -> int:
+        return self.accelerator.process_index
+
+    def trainable_params(self):
+        return self.sharding.trained_parameters(self.optimizer)
+
+
+class RunFailed(Exception):
+    """The run cannot go on (non-finite losses, ranks out of sync); the message is the `failed` reason."""
+
+
+def fit(run: Run) -> str:
+    """Train from run.state.step to the plan's steps; returns "done" or "stopped" (raises RunFailed)."""
+    from trainer.engine.run_io import draw_samples, evaluate, save_run_checkpoint
+
+    cfg, plan, acc = run.config, run.plan, run.accelerator
+    draw_samples(run)  # at the start (or the resumed step): what the model does before this session trains
+    throughput = Throughput()
+    for step in range(run.state.step, plan.steps):
+        # Global randomness (LoRA dropout) is a function of the step, so a resumed run draws what an
+        # uninterrupted one would have; per-sample draws come from each sample's own generator.
+        torch.manual_seed(position_seed(cfg.seed, step, 1000 + run.rank))
+        run.phase = f"step {step + 1}"
+        losses = []
+        for micro in range(plan.accumulation):
+            positions = run.stream.positions(step, micro, run.rank)
+            samples = [(pos, *run.stream.item(pos)) for pos in positions]
+            with acc.accumulate(*run.family.prepared):
+                with run.amp.autocast():
+                    loss = run.family.loss(samples)
+                acc.backward(run.amp.scale(loss))  # divides by the accumulation; DDP syncs on the last micro-step
+            losses.append(loss.detach().float())
+        assert acc.sync_gradients, "accumulation out of step with the optimizer"
+        mean_loss, finite, stop_requested = _reduce_step(losses, run.stop.requested(), acc.device)
+        if finite:
+            if not run.sharding.steps_in_backward:  # DeepSpeed clipped and stepped in the last backward
+                run.amp.unscale(run.optimizer)
+                if cfg.train.max_grad_norm:
+                    torch.nn.utils.clip_grad_norm_(run.trainable_params(), cfg.train.max_grad_norm)
+                if run.amp.step(run.optimizer) and run.ema is not None:
+                    run.ema.step(run.trainable_params())
+            run.state.nonfinite_in_row = 0
+        else:  # DeepSpeed: its gradient norm was not finite either, so it skipped the update too
+            _on_nonfinite(run, step + 1, mean_loss)
+        run.optimizer.zero_grad(set_to_none=True)
+        run.scheduler.step()
+        run.state.step = step + 1
+        throughput.tick(plan.total)
+        run.events.emit("progress", step=run.state.step, steps=plan.steps,
+                        loss=mean_loss if math.isfinite(mean_loss) else None,
+                        lr=run.scheduler.get_last_lr()[0], samples_per_s=throughput.rate(),
+                        eta_s=throughput.eta(plan.steps - run.state.step, plan.total),
+                        epoch=round(run.stream.epoch_at(run.state.step), 3))
+        last = run.state.step == plan.steps
+        if cfg.sample.every and run.state.step % cfg.sample.every == 0 and not last:
+            draw_samples(run)
+        if cfg.eval.every and run.state.step % cfg.eval.every == 0 and not last:
+            evaluate(run)
+        if stop_requested:
+            save_run_checkpoint(run)
+            return "stopped"
+        if cfg.checkpoint.every and run.state.step % cfg.checkpoint.every == 0 and not last:
+            save_run_checkpoint(run)
+    draw_samples(run)
+    evaluate(run)
+    save_run_checkpoint(run)  # lets `--resume` with more steps extend a finished run
+    return "done"
+
+
+def _reduce_step(losses: list[torch.Tensor], stop: bool, device) -> tuple[float, bool, bool]:
+    """One all-reduce per optimizer step: the mean loss over all ranks, whether every loss was finite, and
+    whether any rank was asked to stop (so all ranks stop after the same step)."""
+    local = torch.stack(losses)
+    finite = torch.isfinite(local)
+    stats = torch.tensor([torch.where(finite, local, 0).sum().item(), float(finite.sum()), float((~finite).sum()),
+                          float(stop)], dtype=torch.float64, device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(stats)
+    total, count, nonfinite, stop_votes = stats.tolist()
+    mean = total / count if count else float("nan")
+    return mean, nonfinite == 0, stop_votes > 0
+
+
+def _on_nonfinite(run: Run, step: int, mean_loss: float) -> None:
+    run.state.nonfinite_in_row += 1
+    run.state.nonfinite_total += 1
+    limit = run.config.train.max_nonfinite_steps
+    run.events.emit("warning", step=step, message=(
+        f"step {step}: the loss was NaN/inf on some process; the update was skipped "
+        f"({run.state.nonfinite_in_row} in a row, the run fails after {limit})"))
+    if run.state.nonfinite_in_row >= limit:
+        precision = run.plan.precision
+        hint = " fp16 overflows easily: try precision=bf16 or fp32." if precision == "fp16" else ""
+        raise RunFailed(
+            f"The loss was NaN or infinite for {limit} optimizer steps in a row (up to step {step}), so training "
+            f"stopped.{hint} A learning rate that is too high (train.lr={run.config.train.lr:g}) is the usual "
+            f"cause; also check the dataset for broken images. The last checkpoint holds the weights from before "
+            f"these steps: continue from it with a lower rate, e.g. "
+            f"`python launch.py --resume {run.run_dir} train.lr={run.config.train.lr / 10:g}`.")
+
+
+class Throughput:
+    """Samples per second over the recent steps (the first step, with its warm-up, is not counted)."""
+
+    def __init__(self, window: int = 20):
+        self.times: list[float] = []
+        self.window = window
+
+    def tick(self, samples: int) -> None:
+        self.times = (self.times + [time.perf_counter()])[-self.window - 1 :]
+        self.samples = samples
+
+    def rate(self) -> float | None:
+        if len(self.times) < 2:
+            return None
+        return round(self.samples * (len(self.times) - 1) / (self.times[-1] - self.times[0]), 3)
+
+    def eta(self, steps_left: int, samples_per_step: int) -> float | None:
+        rate = self.rate()
+        return round(steps_left * samples_per_step / rate, 1) if rate else None

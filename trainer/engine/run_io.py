@@ -1,0 +1,204 @@
+"""What the loop writes into the run folder: samples, checkpoints (and reading them back on resume).
+
+Rank 0 writes; the other ranks wait at a barrier (with the run's collective timeout) so that nobody races
+ahead, and so that a sample or a checkpoint never races a second writer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import warnings
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+
+from trainer.core.checkpoint import COMPLETE, CHECKPOINTS, CheckpointWriteError, latest_checkpoint, save_checkpoint
+
+SAMPLES = "samples"
+BEST = "best"  # checkpoints/best/: the weights of the best evaluation so far (never pruned, never resumed from)
+
+
+def _write_samples(run, step: int, indexed) -> None:
+    """(index, caption, image) -> samples/step-NNNNNN-pKK.png and a `sample` event each (rank 0)."""
+    folder = run.run_dir / SAMPLES
+    folder.mkdir(exist_ok=True)
+    for i, prompt, image in indexed:
+        name = f"step-{step:06d}-p{i:02d}.png"
+        tmp = folder / f".{name}"
+        image.save(tmp, format="PNG")
+        tmp.rename(folder / name)  # the UI never shows a half-written PNG
+        run.events.emit("sample", step=step, prompt=prompt, index=i, path=f"{SAMPLES}/{name}")
+
+
+def draw_samples(run) -> None:
+    step = run.state.step
+    if run.sharding.enabled and not run.config.sample.prompts:
+        return  # nothing to draw (only diffusion families shard, and they draw prompts): skip gathering weights
+    run.phase = f"rank 0 drawing samples at step {step}"
+    # FSDP: rank 0 samples with a gathered copy, in bf16 under a bf16 plan (FLUX: 24 GB, not 48 GB of fp32)
+    dtype = torch.bfloat16 if run.plan.precision == "bf16" else torch.float32
+    with run.sharding.gathered(run.accelerator.device, dtype):
+        if run.accelerator.is_main_process:
+            samples = run.family.render_samples(step)
+            _write_samples(run, step, ((i, prompt, image) for i, (prompt, image) in enumerate(samples)))
+        run.accelerator.wait_for_everyone()
+
+
+def evaluate(run) -> None:
+    """The family's metrics (if it has any) as an `eval` event. Every rank takes part: metrics such as mAP
+    are gathered across processes by the family. A family with a `best_metric` (e.g. detection's `map`) gets
+    checkpoints/best/ kept by it; one with `eval_samples(step)` -> [(index, caption, image)] gets them written
+    as samples (detection: the precision-recall curve)."""
+    hook = getattr(run.family, "evaluate", None)
+    if hook is None:
+        return
+    step = run.state.step
+    run.phase = f"evaluating at step {step}"
+    metrics = hook(step)
+    if metrics:
+        run.events.emit("eval", step=step, **metrics)
+    with run.sharding.gathered():
+        if run.accelerator.is_main_process:
+            extra = getattr(run.family, "eval_samples", None)
+            if extra is not None:
+                _write_samples(run, step, extra(step))
+            if metrics:
+                keep_best(run, metrics)
+        run.accelerator.wait_for_everyone()
+
+
+def _metadata(run, step: int) -> dict | None:
+    """safetensors metadata of the family's weights files (detection: classes and model config), if any."""
+    hook = getattr(run.family, "checkpoint_metadata", None)
+    return hook(step) if hook is not None else None
+
+
+def read_best(run_dir) -> dict | None:
+    """{"step", "metric", "value"} of checkpoints/best/, or None when there is none (complete)."""
+    try:
+        return json.loads((run_dir / CHECKPOINTS / BEST / COMPLETE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def keep_best(run, metrics: dict) -> None:
+    """Rank 0: when the family's `best_metric` beats checkpoints/best/, replace it (written in a temp folder,
+    then swapped in by renames, so a reader sees the old or the new one, never half of one); a `best` event."""
+    name = getattr(run.family, "best_metric", None)
+    value = metrics.get(name) if name else None
+    if value is None:
+        return
+    step = run.state.step
+    previous = read_best(run.run_dir)
+    if previous is not None and previous.get("metric") == name and previous.get("value", -1) >= value:
+        return
+    root = run.run_dir / CHECKPOINTS
+    root.mkdir(parents=True, exist_ok=True)
+    tmp, old, final = root / f".tmp-{BEST}-{os.getpid()}", root / f".old-{BEST}-{os.getpid()}", root / BEST
+    metadata = _metadata(run, step)
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        save_file(run.family.trainable_state(), str(tmp / "trainable.safetensors"), metadata=metadata)
+        (tmp / COMPLETE).write_text(json.dumps({"step": step, "metric": name, "value": value}))
+        for file in tmp.iterdir():
+            with open(file, "rb") as f:
+                os.fsync(f.fileno())
+        if final.exists():
+            os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old.exists() and not final.exists():
+            os.rename(old, final)
+        run.events.emit("warning", step=step, message=f"could not write checkpoints/{BEST} ({exc.strerror or exc}); "
+                                                      "the previous best is kept. Free some disk space.")
+        return
+    run.events.emit("best", step=step, metric=name, value=value, path=f"{CHECKPOINTS}/{BEST}",
+                    previous=previous.get("value") if previous else None)
+
+
+def _fingerprint(run) -> torch.Tensor:
+    params = run.trainable_params()
+    total = sum(p.detach().double().sum() for p in params)
+    absolute = sum(p.detach().double().abs().sum() for p in params)
+    return torch.stack([torch.as_tensor(total), torch.as_tensor(absolute)]).to(run.accelerator.device)
+
+
+def check_ranks_in_sync(run) -> None:
+    """Trainable weights must be bit-identical on every rank (DDP all-reduces every trainable parameter).
+    A mismatch means gradients went unsynchronised: fail loudly rather than train N different models."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    mine = _fingerprint(run)
+    everyone = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, mine)
+    if any(not torch.equal(everyone[0], other) for other in everyone[1:]):
+        from trainer.engine.loop import RunFailed
+
+        raise RunFailed(f"The trainable weights differ between processes at step {run.state.step}: gradients "
+                        "were not synchronised. This is a bug in the trainer; please report it with train.log.")
+
+
+def save_run_checkpoint(run) -> None:
+    step = run.state.step
+    if not run.sharding.enabled:  # under FSDP each rank holds its own shard by design
+        check_ranks_in_sync(run)
+    run.phase = f"writing the checkpoint of step {step}"
+    optimizer_state = run.sharding.optimizer_state(run.optimizer)  # FSDP: gathered from every rank
+    with run.sharding.gathered():
+        if run.accelerator.is_main_process:
+            _write_run_checkpoint(run, step, optimizer_state)
+        run.accelerator.wait_for_everyone()
+
+
+def _write_run_checkpoint(run, step: int, optimizer_state: dict) -> None:
+    state = {
+        "train_state": vars(run.state).copy(),
+        "optimizer": optimizer_state,
+        "scheduler": run.scheduler.state_dict(),
+        "amp": run.amp.state_dict(),
+        "ema": run.ema.state_dict() if run.ema is not None else None,
+    }
+    writers = {
+        "trainable.safetensors": lambda p: save_file(run.family.trainable_state(), str(p),
+                                                     metadata=_metadata(run, step)),
+        "training_state.pt": lambda p: torch.save(state, p),
+    }
+    try:
+        path = save_checkpoint(run.run_dir, step, writers, keep=run.config.checkpoint.keep,
+                               info={"world_size": run.plan.world_size})
+        run.events.emit("checkpoint", step=step, path=str(path.relative_to(run.run_dir)))
+    except CheckpointWriteError as exc:
+        previous = latest_checkpoint(run.run_dir)
+        kept = f"the previous checkpoint {previous.path.name} is intact" if previous else "no earlier checkpoint exists"
+        run.events.emit("warning", step=step, message=f"{exc}; {kept}. Free some disk space.")
+
+
+def load_run_checkpoint(run, folder) -> None:
+    """Restore weights, optimizer, schedule, scaler and position. Weights are loaded before DDP wraps the
+    modules, so this runs in two parts: `load_weights` first, then this."""
+    state = torch.load(folder / "training_state.pt", map_location="cpu", weights_only=False)
+    configured = list(run.scheduler.base_lrs)  # from this launch's config: a resume may change train.lr
+    run.sharding.load_optimizer_state(run.optimizer, state["optimizer"])
+    run.scheduler.load_state_dict(state["scheduler"])
+    run.scheduler.base_lrs = configured
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # get_lr() outside step() warns; here it is what we want
+        current = run.scheduler.get_lr()
+    for group, base, lr in zip(run.optimizer.param_groups, configured, current):
+        group["initial_lr"], group["lr"] = base, lr
+    run.scheduler._last_lr = list(current)
+    run.amp.load_state_dict(state["amp"])
+    if run.ema is not None and state.get("ema"):
+        run.ema.load_state_dict(state["ema"])
+    for key, value in state["train_state"].items():
+        setattr(run.state, key, value)
+
+
+def load_weights(family, folder) -> None:
+    family.load_trainable_state(load_file(str(folder / "trainable.safetensors")))

@@ -1,0 +1,220 @@
+"""One training process (a rank). Started by torchrun through trainer.core.launcher, never by hand:
+
+    python -m torch.distributed.run ... -m trainer.engine.worker RUN_DIR [--resume CHECKPOINT_DIR]
+
+setup (accelerator, family, data, optimizer, resume) -> loop.fit -> the final event. Global rank 0 writes
+events; a user's mistake found here still ends as one `failed` event with a sentence to act on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+from trainer.core.config.load import load_config
+from trainer.errors import UserError
+from trainer.core.events import EventLog
+from trainer.core.plan import Plan
+
+
+class _Silent:
+    """Events of ranks other than 0 go nowhere: one writer per file."""
+
+    def emit(self, type: str, **fields) -> dict:
+        return {}
+
+
+def setup(run_dir: Path, resume: Path | None):
+    import torch
+
+    from trainer.core.data.stream import make_stream
+    from trainer.families import get_family
+    from trainer.families.protocol import WorkerContext
+    from trainer.engine.loop import Run
+    from trainer.engine.optim import build_optimizer, build_scheduler
+    from trainer.engine.precision import Amp
+    from trainer.engine.run_io import load_run_checkpoint, load_weights
+    from trainer.engine.parallel.fsdp import Sharding
+    from trainer.core.stopping import StopRequest
+
+    config = load_config(run_dir / "config.yaml", check_paths=False)
+    plan = Plan.from_event(json.loads((run_dir / "plan.json").read_text()))
+    stop = StopRequest(run_dir)
+    stop.install_signal_handlers()
+    # Precision is ours (trainer.engine.precision), so accelerate runs "no" mixed precision; it does DDP and accumulation.
+    acc = _accelerator(config, plan)
+    if acc.num_processes != plan.world_size:
+        raise RuntimeError(f"launched {acc.num_processes} processes but the plan says {plan.world_size}")
+    events = EventLog(run_dir) if acc.is_main_process else _Silent()
+
+    def log_warning(message: str) -> None:
+        events.emit("warning", message=message)
+        if acc.is_main_process:
+            print(f"warning: {message}", flush=True)
+
+    if plan.device == "cpu":
+        torch.set_num_threads(max(1, torch.get_num_threads()))
+    else:
+        # cuDNN's fused attention (one of SDPA's backends) crashed FLUX's backward with an illegal memory access on
+        # an H200 (torch 2.11, cuDNN 9.19; bench/README.md); flash and memory-efficient attention are as fast.
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    deepspeed = plan.sharding == "deepspeed"
+    sharding = Sharding(plan.sharding == "fsdp", acc.unwrap_model)
+    ctx = WorkerContext(config=config, plan=plan, run_dir=run_dir, cache_dir=run_dir.parent / ".cache",
+                        device=acc.device, rank=acc.process_index, world_size=acc.num_processes,
+                        accelerator=acc, log_warning=log_warning, unwrap=sharding.unwrap)
+    family = get_family(config.model.family)(ctx)
+    family.load()
+    items = family.prepare_data()
+    stream = make_stream(items, item_buckets=getattr(family, "item_buckets", None), total=plan.total,
+                         per_device=plan.per_device, world_size=plan.world_size, seed=config.seed)
+    if resume:
+        load_weights(family, resume)  # before DDP wraps the modules (DDP then broadcasts rank 0's weights)
+    if sharding.enabled:  # FSDP replaces the parameters by their shards: before the optimizer takes them
+        family.set_prepared(sharding.shard(family.trainable_modules()))
+    optimizer = build_optimizer(family.param_groups(), config.train)
+    scheduler = build_scheduler(optimizer, config.train)
+    ema = None
+    if config.method == "full" and config.full.ema:
+        from diffusers.training_utils import EMAModel
+
+        ema = EMAModel([p for g in optimizer.param_groups for p in g["params"]], decay=config.full.ema_decay)
+    if deepspeed:  # the network and the optimizer are prepared together; `optimizer` stays the torch one
+        from trainer.engine.parallel.deepspeed import DeepSpeedZero
+
+        [network] = family.trainable_modules()  # the plan refuses a second trained module
+        sharding = DeepSpeedZero(acc.unwrap_model, [list(g["params"]) for g in optimizer.param_groups])
+        engine, _ = acc.prepare(network, optimizer)
+        if acc.distributed_type.value != "DEEPSPEED":  # accelerate may drop the plugin without a word
+            raise RuntimeError(f"distributed.sharding=deepspeed, but accelerate set up {acc.distributed_type.value}")
+        if acc.is_main_process:
+            print(f"deepspeed: ZeRO stage {plan.zero_stage} across {acc.num_processes} processes", flush=True)
+        family.set_prepared([engine])
+    elif not sharding.enabled:
+        _frozen_weights_stay_local(family.trainable_modules())
+        family.set_prepared(list(acc.prepare(*family.trainable_modules())) if len(family.trainable_modules()) > 1
+                            else [acc.prepare(family.trainable_modules()[0])])
+    run = Run(config=config, plan=plan, accelerator=acc, family=family, stream=stream, optimizer=optimizer,
+              scheduler=scheduler, amp=Amp(plan.precision, acc.device.type), events=events, stop=stop,
+              run_dir=run_dir, ema=ema, sharding=sharding)
+    family.ema = ema
+    if resume:
+        load_run_checkpoint(run, resume)
+    return run
+
+
+def _accelerator(config, plan):
+    from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
+
+    cpu = plan.device == "cpu"
+    timeout = timedelta(seconds=config.distributed.timeout_s)
+    if plan.sharding != "deepspeed":
+        return Accelerator(cpu=cpu, gradient_accumulation_steps=plan.accumulation,
+                           kwargs_handlers=[InitProcessGroupKwargs(timeout=timeout)])
+    from accelerate.utils import DeepSpeedPlugin
+
+    from trainer.engine.parallel.deepspeed import deepspeed_config
+
+    # accelerate drops the DeepSpeed plugin without a word when cpu=True; on CPU processes it runs DeepSpeed's
+    # CPU accelerator, and needs the gloo backend named (otherwise every rank takes itself for rank 0).
+    return Accelerator(gradient_accumulation_steps=plan.accumulation,
+                       deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=deepspeed_config(config, plan)),
+                       kwargs_handlers=[InitProcessGroupKwargs(backend="gloo" if cpu else None, timeout=timeout)])
+
+
+def _quiet_library_chatter() -> None:
+    """train.log (and the UI's log box) is for people: the libraries' loading bars and the import-time notices of
+    optional packages (torchao's enum registrations, diffusers looking for torchao classes that have moved)
+    buried the lines that matter. Their warnings about the run itself still come through."""
+    import logging
+
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+    logging.getLogger("diffusers.quantizers.torchao.torchao_quantizer").setLevel(logging.ERROR)
+    from diffusers.utils import logging as diffusers_logging
+    from huggingface_hub.utils import disable_progress_bars
+    from transformers.utils import logging as transformers_logging
+
+    diffusers_logging.disable_progress_bar()
+    transformers_logging.disable_progress_bar()
+    disable_progress_bars()
+
+
+def _frozen_weights_stay_local(modules) -> None:
+    """DDP broadcasts every parameter from rank 0 when it wraps a module. The frozen ones were loaded from the same
+    files on every rank, so that is pure cost (FLUX: 24 GB at start-up), and gloo cannot send float8 at all
+    (`model.base_weights: fp8`): DDP is told to leave them alone. Trainable ones are still broadcast."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    for module in modules:
+        frozen = [name for name, p in module.named_parameters() if not p.requires_grad]
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, frozen)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--resume", type=Path, default=None)
+    args = parser.parse_args(argv)
+    run_dir = args.run_dir.resolve()
+    run = None
+    import os
+
+    is_rank0 = os.environ.get("RANK", "0") == "0"
+    events = EventLog(run_dir) if is_rank0 else _Silent()
+    _quiet_library_chatter()
+    try:
+        run = setup(run_dir, args.resume)
+        from trainer.engine.loop import fit
+
+        status = fit(run)
+        if status == "stopped":
+            from trainer.core.checkpoint import latest_checkpoint
+
+            ckpt = latest_checkpoint(run_dir)
+            events.emit("stopped", step=run.state.step, reason=run.stop.reason(),
+                        checkpoint=str(ckpt.path.relative_to(run_dir)) if ckpt else None)
+            return 0
+        outputs = []
+        with run.sharding.gathered():  # FSDP: every rank gathers the full weights; rank 0 writes them
+            if run.accelerator.is_main_process:
+                run.phase = "rank 0 writing the outputs"
+                outputs = run.family.save_outputs(run_dir / "output", step=run.state.step)
+                outputs = [os.path.relpath(p, run_dir) for p in outputs]
+            run.accelerator.wait_for_everyone()
+        events.emit("done", step=run.state.step, outputs=outputs, overflow_steps=run.amp.overflow_steps,
+                    nonfinite_steps=run.state.nonfinite_total)
+        return 0
+    except UserError as exc:
+        events.emit("failed", reason=str(exc))
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except Exception as exc:
+        from trainer.engine.loop import RunFailed
+
+        traceback.print_exc()
+        phase = run.phase if run else "setting up"
+        if isinstance(exc, RunFailed):  # decided on every rank alike: the run's own final word
+            events.emit("failed", reason=str(exc), step=run.state.step)
+        elif _is_timeout(exc):
+            events.emit("failed", step=run.state.step if run else None, reason=(
+                f"A process waited longer than distributed.timeout_s while the run was at {phase}: another process "
+                f"probably crashed or hung there. See train.log for its last lines."))
+        else:
+            # A crash (here, or a peer's death seen as a broken connection): the launcher names the rank
+            # that failed first, from torchrun's report, in the final `failed` event.
+            events.emit("warning", message=f"rank 0 stopped at {phase}: {type(exc).__name__}: {exc}")
+        return 1
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    text = f"{type(exc).__name__} {exc}".lower()
+    return "timed out" in text or "timeout" in text
+
+
+if __name__ == "__main__":
+    sys.exit(main())

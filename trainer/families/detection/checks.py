@@ -1,0 +1,87 @@
+"""Semantic checks of a `model.family: detection` config (torch-free); `validate` adds them to its list.
+
+The dataset's contents (annotations, image files) are checked later, by the launcher's data check
+(`trainer.families.detection.data.check_detection_data`), before any process starts.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+from trainer.core.config.schema import DETECTION_ARCHITECTURES, Config
+
+AUGMENTATIONS = ("color", "zoom_out", "iou_crop")
+# Backbone stages torchvision can leave trainable (ResNet: conv1 + 4 layers; MobileNetV3: 6 stages).
+MAX_TRAINABLE_LAYERS = {
+    "fasterrcnn_resnet50_fpn_v2": 5, "retinanet_resnet50_fpn_v2": 5, "fcos_resnet50_fpn": 5,
+    "fasterrcnn_mobilenet_v3_large_fpn": 6,
+}
+WEIGHT_CHOICES = ("coco", "none")
+
+
+def detection_problems(config: Config, *, check_paths: bool = True) -> list[str]:
+    from trainer.core.config.validate import DEMO_SCHEME, parse_devices
+
+    p: list[str] = []
+    d, arch = config.detection, config.model.path
+    if config.method != "full":
+        p.append("method: a detector is trained whole; set method=full (LoRA is for the diffusion families)")
+    if config.full.ema:
+        p.append("full.ema: not supported for detection (the best checkpoint by mAP is kept instead); set it to false")
+    if arch not in DETECTION_ARCHITECTURES:
+        close = difflib.get_close_matches(arch, DETECTION_ARCHITECTURES, n=1, cutoff=0.5)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        what = "is empty" if not arch else f"'{arch}' is not a detection architecture{hint}"
+        p.append(f"model.path: {what}; use one of {', '.join(DETECTION_ARCHITECTURES)}")
+    if config.data.resolution < 32:
+        p.append(f"data.resolution: must be at least 32 for a detector (backbones downsample by 32), got "
+                 f"{config.data.resolution}")
+    weights = d.weights
+    if weights == "coco" and arch == "fcos_tiny":
+        p.append("detection.weights: fcos_tiny has no COCO weights; use none (random init) or a local file")
+    elif weights not in WEIGHT_CHOICES and check_paths and not Path(weights).expanduser().is_file():
+        p.append(f"detection.weights: '{weights}' is not coco, none or an existing weights file (.pth/.safetensors)")
+    layers = d.trainable_backbone_layers
+    if layers is not None:
+        top = MAX_TRAINABLE_LAYERS.get(arch)
+        if top is None:
+            p.append(f"detection.trainable_backbone_layers: {arch} always trains its whole backbone; leave it unset")
+        elif not 0 <= layers <= top:
+            p.append(f"detection.trainable_backbone_layers: must be 0..{top} for {arch}, got {layers}")
+    if d.sync_batchnorm:
+        try:
+            on_cpu = parse_devices(config.devices)[0] == "cpu"
+        except ValueError:
+            on_cpu = False  # validate reports the devices problem
+        if on_cpu:
+            p.append("detection.sync_batchnorm: SyncBatchNorm needs CUDA GPUs (it refuses CPU modules); turn it off "
+                     "for devices=cpu:N")
+    if not 0 < d.val_fraction < 1:
+        p.append(f"detection.val_fraction: must be between 0 and 1, got {d.val_fraction}")
+    unknown = [a for a in d.augment if a not in AUGMENTATIONS]
+    if unknown:
+        p.append(f"detection.augment: {unknown} are not augmentations; choose from {', '.join(AUGMENTATIONS)} "
+                 "(flipping is data.flip)")
+    if not 0 <= d.score_threshold <= 1:
+        p.append(f"detection.score_threshold: must be between 0 and 1, got {d.score_threshold}")
+    if d.max_detections < 1:
+        p.append(f"detection.max_detections: must be 1 or more, got {d.max_detections}")
+    for name in ("eval_images", "sample_images"):
+        if getattr(d, name) < 0:
+            p.append(f"detection.{name}: must be zero or more, got {getattr(d, name)}")
+    if check_paths:
+        data = config.data.path
+        if not data:
+            p.append("data.path: is empty; set it to a COCO .json file, a YOLO data.yaml or a folder holding one")
+        elif not data.startswith(DEMO_SCHEME):
+            path = Path(data).expanduser()
+            if not path.exists():
+                p.append(f"data.path: '{data}' does not exist; point it at a COCO .json file or a YOLO data.yaml")
+            elif path.is_file() and path.suffix.lower() not in (".json", ".yaml", ".yml"):
+                p.append(f"data.path: '{data}' is neither a COCO .json file nor a YOLO data.yaml")
+        if d.val_path and not Path(d.val_path).expanduser().is_file():
+            p.append(f"detection.val_path: '{d.val_path}' does not exist; give a COCO .json file or leave it empty")
+        if d.images and not Path(d.images).expanduser().is_dir():
+            p.append(f"detection.images: folder '{d.images}' does not exist")
+    return p

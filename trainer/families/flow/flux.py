@@ -1,0 +1,79 @@
+"""FLUX.1 dev and schnell: LoRA on the transformer, trained by flow matching on packed latents.
+
+The transformer sees the VAE latent (16 channels, shifted and scaled) as 2x2-packed tokens with position ids,
+the T5 hidden states (plus zero text ids), CLIP's pooled embedding, the timestep sigma and, for dev (the model
+has a guidance embedding), the distilled guidance value `flow.guidance`. Timesteps: logit-normal by default,
+shifted by FLUX's resolution-dependent shift (exp(mu), mu linear in the image token count) unless `flow.shift`
+is set; schnell (no dynamic shifting in its scheduler) uses its scheduler's shift, 1.
+"""
+
+from __future__ import annotations
+
+import torch
+from diffusers import FluxPipeline
+
+from trainer.families.components import flow_matching as fm
+from trainer.families.flow.family import FlowMatchingFamily
+
+DOUBLE_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj",
+                  "attn.add_v_proj", "attn.to_add_out", "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj",
+                  "ff_context.net.2")
+SINGLE_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp", "proj_out")
+
+
+class FluxFamily(FlowMatchingFamily):
+    name = "flux"
+    pipeline_class = FluxPipeline
+    text_encoder_names = ("text_encoder", "text_encoder_2")
+    t5_name = "text_encoder_2"
+
+    def default_lora_targets(self):
+        blocks = self.cfg.flow.lora_blocks
+        out = {}
+        if blocks in ("all", "double"):
+            out["transformer_blocks"] = DOUBLE_TARGETS
+        if blocks in ("all", "single"):
+            out["single_transformer_blocks"] = SINGLE_TARGETS
+        return out
+
+    @property
+    def guidance_embeds(self) -> bool:
+        return bool(self.transformer.config.guidance_embeds)
+
+    def max_sequence_length(self) -> int:
+        return self.cfg.flow.max_sequence_length or (512 if self.guidance_embeds else 256)
+
+    def encode_caption(self, caption: str) -> dict[str, torch.Tensor]:
+        embeds, pooled, _ = self.pipe.encode_prompt(caption, prompt_2=None, device=self.ctx.device,
+                                                    max_sequence_length=self.max_sequence_length())
+        return {"embeds": embeds.float(), "pooled": pooled.float()}
+
+    def shift(self, latent_shape: tuple[int, ...]) -> float:
+        s = self.scheduler_config
+        if self.cfg.flow.shift or not s.get("use_dynamic_shifting"):
+            return super().shift(latent_shape)
+        seq_len = (latent_shape[-2] // 2) * (latent_shape[-1] // 2)
+        return fm.resolution_shift(seq_len, base_seq_len=s.get("base_image_seq_len", 256),
+                                   max_seq_len=s.get("max_image_seq_len", 4096), base_shift=s.get("base_shift", 0.5),
+                                   max_shift=s.get("max_shift", 1.15))
+
+    def forward(self, model, noisy, sigmas, text):
+        b, _, h, w = noisy.shape
+        device, dtype = noisy.device, noisy.dtype
+        embeds = text["embeds"].to(device, dtype)
+        guidance = None
+        if self.guidance_embeds:
+            guidance = torch.full((b,), float(self.cfg.flow.guidance), device=device, dtype=torch.float32)
+        packed = model(hidden_states=fm.pack_latents(noisy), timestep=sigmas, guidance=guidance,
+                       pooled_projections=text["pooled"].to(device, dtype), encoder_hidden_states=embeds,
+                       txt_ids=torch.zeros(embeds.shape[1], 3, device=device, dtype=dtype),
+                       img_ids=fm.latent_image_ids(h, w).to(device, dtype), return_dict=False)[0]
+        return fm.unpack_latents(packed, h, w)
+
+    def sample_kwargs(self, negative_prompt: str) -> dict:
+        # FLUX has no classic negative prompt (dev's guidance is distilled); schnell ignores guidance_scale.
+        return {"max_sequence_length": self.max_sequence_length()}
+
+    def embedded_prompt_kwargs(self, prompt: str, negative_prompt: str) -> dict:
+        text = self._cached(prompt)
+        return {"prompt_embeds": text["embeds"], "pooled_prompt_embeds": text["pooled"]}

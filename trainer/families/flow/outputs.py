@@ -1,0 +1,124 @@
+"""The final files of an SD3 or FLUX run (rank 0, into `<run>/output/`).
+
+A full fine-tune (the EMA weights, if `full.ema`):
+
+- `diffusers/`: the whole pipeline as a diffusers folder (`FluxPipeline.from_pretrained` /
+  `StableDiffusion3Pipeline.from_pretrained`); the transformer alone is `diffusers/transformer/`;
+- with `full.save_single_file` (the default), `<name>.safetensors` in bf16, named as SD's and SDXL's:
+  - FLUX: the transformer alone in Black Forest Labs' layout (as `flux1-dev.safetensors`: ComfyUI's
+    "Load Diffusion Model", with the base model's VAE and text encoders; `trainer.families.flow.flux_checkpoint`);
+  - SD3/3.5: Stability's single-file layout, MMDiT + VAE + CLIP-L + CLIP-G + T5 (ComfyUI's "Load Checkpoint",
+    `StableDiffusion3Pipeline.from_single_file`; `trainer.families.flow.sd3_checkpoint`).
+  Both come from the weights in memory (under FSDP `ctx.unwrap` gives rank 0's gathered copy, as for the folder)
+  and are written to a `.partial` file and renamed.
+
+A LoRA:
+
+- `pytorch_lora_weights.safetensors`: the transformer's peft state dict written by the pipeline's own
+  `save_lora_weights` (as diffusers' DreamBooth LoRA scripts do), with `lora_adapter_metadata` (rank, alpha,
+  exact target paths) so `pipe.load_lora_weights(output/)` rebuilds the same scaling;
+- FLUX also `<name>_kohya.safetensors` in the kohya/ComfyUI layout (`trainer.families.flow.kohya_flux`) with `ss_*` /
+  modelspec metadata (base model, trigger word, rank, alpha, steps).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def flow_metadata(family, step: int) -> dict:
+    from trainer.families.sd.outputs import run_metadata
+
+    flow = family.cfg.flow
+    return {**run_metadata(family, step), "family": family.name, "timestep_sampling": flow.timestep_sampling,
+            "lora_blocks": flow.lora_blocks}
+
+
+def save_flow_lora(family, out_dir: Path, *, step: int) -> list[str]:
+    from safetensors.torch import save_file
+
+    from trainer.families.components.kohya import kohya_metadata
+    from trainer.families.components.lora_files import (
+        DIFFUSERS_WEIGHT_NAME,
+        _file_name,
+        _lora_modules,
+        _peft_state,
+        diffusers_adapter_metadata,
+    )
+
+    cfg = family.cfg
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    transformer = family.ctx.unwrap(family.transformer)
+    adapter, modules = _lora_modules(transformer)
+    state = _peft_state(transformer, adapter)
+    family.pipeline_class.save_lora_weights(out_dir, transformer_lora_layers=state, weight_name=DIFFUSERS_WEIGHT_NAME,
+                                            safe_serialization=True,
+                                            transformer_lora_adapter_metadata=diffusers_adapter_metadata(modules))
+    outputs = [str(out_dir / DIFFUSERS_WEIGHT_NAME)]
+    if family.name == "flux":
+        from trainer.families.flow.kohya_flux import flux_metadata_overrides, flux_to_kohya
+
+        out_features = {n: m.out_features for n, m in transformer.named_modules()
+                        if isinstance(getattr(m, "out_features", None), int)}
+        tensors = flux_to_kohya(state, {p: a for p, (_, a) in modules.items()}, out_features)
+        info = flow_metadata(family, step)
+        name = str(info.pop("name") or "lora")
+        for key in ("steps", "base_model", "resolution"):
+            info.pop(key)
+        extra = {**info, **flux_metadata_overrides(guidance_embeds=family.guidance_embeds)}
+        header = kohya_metadata(rank=cfg.lora.rank, alpha=cfg.lora.alpha, name=name, base_model_version="flux1",
+                                steps=step, base_model=cfg.model.path, resolution=cfg.data.resolution, extra=extra)
+        path = out_dir / f"{_file_name(name)}_kohya.safetensors"
+        partial = path.with_name(path.name + ".partial")
+        save_file(tensors, str(partial), metadata=header)
+        os.replace(partial, path)
+        outputs.append(str(path))
+    return outputs
+
+
+def save_flow_full(family, out_dir: Path, *, step: int | None = None) -> list[str]:
+    cfg = family.cfg
+    out_dir = Path(out_dir)
+    pipe = family.pipe
+    transformer = family.ctx.unwrap(family.transformer)  # under FSDP: the gathered full weights (rank 0)
+    ema = getattr(family, "ema", None)
+    if ema is not None:  # the averaged weights are the output; the live ones were only the path there
+        ema.copy_to(transformer.parameters())
+    folder = out_dir / "diffusers"
+    pipe.transformer = transformer
+    try:
+        pipe.save_pretrained(folder, safe_serialization=True)
+    finally:
+        pipe.transformer = family.transformer
+    outputs = [str(folder)]
+    if cfg.full.save_single_file:
+        from trainer.errors import UserError
+
+        try:
+            path = save_flow_single_file(family, transformer, out_dir / f"{cfg.name}.safetensors", step=step)
+        except UserError as err:  # the end of a long run: keep the folder, say why there is no single file
+            family.ctx.log_warning(f"output: no single file ({err}); the diffusers folder has the whole model")
+        else:
+            outputs.append(str(path))
+    return outputs
+
+
+def save_flow_single_file(family, transformer, path: Path, *, step: int | None = None) -> Path:
+    """The original-layout file of a full fine-tune, from the models in memory (`transformer`: the unwrapped one)."""
+    from trainer.families.sd.outputs import run_metadata
+
+    flow = family.cfg.flow
+    metadata = {**run_metadata(family, step), "family": family.name, "method": "full",
+                "timestep_sampling": flow.timestep_sampling}
+    if step is None:  # not known to the caller: leave it out rather than write "None"
+        metadata.pop("steps")
+    if family.name == "flux":
+        from trainer.families.flow.flux_checkpoint import save_flux_single_file
+
+        return save_flux_single_file(transformer, path, metadata=metadata)
+    from trainer.families.flow.sd3_checkpoint import COMPONENTS, save_sd3_single_file
+
+    models = {name: getattr(family.pipe, name, None) for name in COMPONENTS}
+    return save_sd3_single_file({**models, "transformer": transformer}, path, metadata=metadata)

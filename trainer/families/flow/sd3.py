@@ -1,0 +1,52 @@
+"""Stable Diffusion 3 / 3.5: LoRA on the MMDiT transformer, trained by flow matching.
+
+Conditioning as in StableDiffusion3Pipeline: CLIP-L and CLIP-G penultimate hidden states concatenated, padded
+to T5's width and joined with T5's tokens; pooled = both CLIPs' projected embeddings. Timesteps: logit-normal
+by default, shifted by the scheduler's shift (3.0 for SD3/3.5) unless `flow.shift` is set; the transformer
+takes `sigma * 1000`.
+"""
+
+from __future__ import annotations
+
+import torch
+from diffusers import StableDiffusion3Pipeline
+
+from trainer.families.flow.family import FlowMatchingFamily
+
+TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj",
+           "attn.add_v_proj", "attn.to_add_out", "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0")
+
+
+class SD3Family(FlowMatchingFamily):
+    name = "sd3"
+    pipeline_class = StableDiffusion3Pipeline
+    text_encoder_names = ("text_encoder", "text_encoder_2", "text_encoder_3")
+    t5_name = "text_encoder_3"
+
+    def default_lora_targets(self):
+        return {"transformer_blocks": TARGETS}
+
+    def max_sequence_length(self) -> int:
+        return self.cfg.flow.max_sequence_length or 256
+
+    def encode_caption(self, caption: str) -> dict[str, torch.Tensor]:
+        embeds, _, pooled, _ = self.pipe.encode_prompt(caption, None, None, device=self.ctx.device,
+                                                       do_classifier_free_guidance=False,
+                                                       max_sequence_length=self.max_sequence_length())
+        return {"embeds": embeds.float(), "pooled": pooled.float()}
+
+    def forward(self, model, noisy, sigmas, text):
+        device, dtype = noisy.device, noisy.dtype
+        return model(hidden_states=noisy, timestep=sigmas * 1000, encoder_hidden_states=text["embeds"].to(device, dtype),
+                     pooled_projections=text["pooled"].to(device, dtype), return_dict=False)[0]
+
+    def sample_kwargs(self, negative_prompt: str) -> dict:
+        return {"max_sequence_length": self.max_sequence_length(), "negative_prompt": negative_prompt or None}
+
+    def texts_for(self, prompt: str, negative_prompt: str) -> list[str]:
+        return [prompt, negative_prompt or ""]  # the pipeline encodes "" when there is no negative prompt
+
+    def embedded_prompt_kwargs(self, prompt: str, negative_prompt: str) -> dict:
+        text, negative = self._cached(prompt), self._cached(negative_prompt or "")
+        return {"prompt_embeds": text["embeds"], "pooled_prompt_embeds": text["pooled"],
+                "negative_prompt_embeds": negative["embeds"], "negative_pooled_prompt_embeds": negative["pooled"]}

@@ -1,0 +1,210 @@
+"""SDXL (base and fine-tunes): LoRA on the UNet and optionally both text encoders, or a full fine-tune;
+epsilon and v-prediction; size/crop micro-conditioning; cached latents and cached text embeddings.
+
+Built on the SD 1.x/2.x family (same data, latent cache, noise draws and loss maths: trainer.families.sd.family),
+overriding what SDXL does differently: two text encoders (penultimate hidden states of both, concatenated, and
+the pooled projection of the second), `add_time_ids` = (original height, width, crop top, left, target height,
+width) from each image's real size and crop, the XL pipeline for samples and its LoRA file layout.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from diffusers import DDPMScheduler, DPMSolverMultistepScheduler, StableDiffusionXLPipeline
+
+from trainer.core.data.buckets import cover_and_crop
+from trainer.families.components.captioned import _integer, flip_drawn, sample_rng
+from trainer.families.components import text_cache
+from trainer.families.sd.family import StableDiffusionFamily, setup_models
+from trainer.families.components.sd_loading import load_pipeline
+
+CACHE_TEXT_DEFAULT = True
+
+
+class StableDiffusionXLFamily(StableDiffusionFamily):
+    name = "sdxl"
+
+    # ---- models -------------------------------------------------------------------------------------------
+    def load(self) -> None:
+        cfg, device = self.cfg, self.ctx.device
+        pipe = load_pipeline(cfg.model, StableDiffusionXLPipeline,
+                             folder_hint="unet/, vae/, text_encoder/, text_encoder_2/, tokenizer/, tokenizer_2/")
+        self.unet, self.vae = pipe.unet, pipe.vae
+        self.text_encoder, self.text_encoder_2 = pipe.text_encoder, pipe.text_encoder_2
+        self.tokenizer, self.tokenizer_2 = pipe.tokenizer, pipe.tokenizer_2
+        self.scheduler_config = dict(pipe.scheduler.config)
+        self.prediction_type = cfg.model.prediction_type
+        if self.prediction_type == "auto":
+            self.prediction_type = self.scheduler_config.get("prediction_type", "epsilon")
+        self.noise_scheduler = DDPMScheduler.from_config(self.scheduler_config, prediction_type=self.prediction_type)
+        for module in (self.unet, self.vae, self.text_encoder, self.text_encoder_2):
+            module.requires_grad_(False)
+        self.train_text_encoder = cfg.lora.train_text_encoder if cfg.method == "lora" else cfg.full.train_text_encoder
+        # Only the penultimate layer of text_encoder is used: its last layer would get no gradient (and DDP
+        # would wait for one forever), so it is neither adapted nor trained.
+        last = self.text_encoder.config.num_hidden_layers - 1
+        te_lora = {0: {"layers_to_transform": list(range(last)), "layers_pattern": "layers"}}
+        setup_models(cfg, self.ctx.plan, device, unet=self.unet, vae=self.vae,
+                     text_encoders=[self.text_encoder, self.text_encoder_2],
+                     train_text_encoder=self.train_text_encoder, te_lora_kwargs=te_lora)
+        if cfg.method == "full" and self.train_text_encoder:
+            te = self.text_encoder
+            for module in (_encoder_layers(te)[last], _final_norm(te)):
+                module.requires_grad_(False)
+        self.text_embeddings = None
+
+    def trainable_modules(self) -> list[torch.nn.Module]:
+        return [self.unet, self.text_encoder, self.text_encoder_2] if self.train_text_encoder else [self.unet]
+
+    def param_groups(self) -> list[dict]:
+        t = self.cfg.train
+        groups = [{"params": [p for p in self.unet.parameters() if p.requires_grad], "lr": t.lr}]
+        if self.train_text_encoder:
+            params = [p for te in (self.text_encoder, self.text_encoder_2) for p in te.parameters() if p.requires_grad]
+            groups.append({"params": params, "lr": t.text_encoder_lr or t.lr})
+        return groups
+
+    def _named_trainable(self):
+        named = (("unet", self.unet), ("text_encoder", self.text_encoder), ("text_encoder_2", self.text_encoder_2))
+        for prefix, module in named:
+            for name, p in self.ctx.unwrap(module).named_parameters():  # FSDP: the gathered full weights
+                if p.requires_grad:
+                    yield f"{prefix}.{name}", p
+
+    # ---- data ---------------------------------------------------------------------------------------------
+    def prepare_data(self) -> int:
+        count = super().prepare_data()
+        cfg, ctx = self.cfg, self.ctx
+        wanted = text_cache.cache_text_embeddings(cfg, CACHE_TEXT_DEFAULT)
+        if wanted and self.train_text_encoder:
+            ctx.log_warning("data.cache_text_embeddings is off because the text encoders are trained")
+        if wanted and not self.train_text_encoder:
+            captions = [item.caption for item in self.images]
+            if self.class_images:
+                captions.append(cfg.prior.class_prompt)
+            model = {"family": self.name, "path": cfg.model.path, "revision": cfg.model.revision,
+                     "te1": self.text_encoder.config.to_dict(), "te2": self.text_encoder_2.config.to_dict(),
+                     "max_length": (self.tokenizer.model_max_length, self.tokenizer_2.model_max_length),
+                     "dtype": str(self.text_encoder.dtype)}
+            folder = ctx.cache_dir / "text" / text_cache.text_cache_key(model, captions)
+            encode = lambda batch: dict(zip(("hidden", "pooled"), self.encode_prompts(batch)))  # noqa: E731
+            self.text_embeddings = text_cache.build_text_cache(
+                folder, captions, encode, rank=ctx.rank, world_size=ctx.world_size,
+                barrier=ctx.accelerator.wait_for_everyone, device=ctx.device)
+            text_cache.offload(self.text_encoder, self.text_encoder_2)
+        return count
+
+    def encode_prompts(self, captions: list[str], text_encoders=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden states (n, 77, d1 + d2), pooled (n, p)) as SDXL's pipeline computes them."""
+        te1, te2 = text_encoders or (self.text_encoder, self.text_encoder_2)
+        device = next(te1.parameters()).device
+        hidden = []
+        for tokenizer, te in ((self.tokenizer, te1), (self.tokenizer_2, te2)):
+            ids = tokenizer(captions, padding="max_length", truncation=True, max_length=tokenizer.model_max_length,
+                            return_tensors="pt").input_ids.to(device)
+            out = te(ids, output_hidden_states=True, return_dict=True)
+            hidden.append(out.hidden_states[-2])
+        return torch.cat(hidden, dim=-1), out.text_embeds
+
+    def time_ids(self, row) -> list[float]:
+        """(original h, w, crop top, left, target h, w) of a training sample, as its pixels were made."""
+        cfg = self.cfg
+        _, epoch, image_index, expanded_index, kind = row
+        item = (self.images if kind == "instance" else self.class_images)[image_index]
+        target = self._target(image_index, kind)  # the square resolution, or the image's bucket
+        tw, th = (target, target) if isinstance(target, int) else target
+        _, (room_x, room_y) = cover_and_crop(item.width, item.height, (tw, th))
+        if self.use_cache or cfg.data.center_crop:
+            left, top = room_x // 2, room_y // 2
+        else:  # replays load_image_tensor's draws: the flip coin (when flipping), then left, then top
+            rng = sample_rng(cfg.seed, epoch, expanded_index)
+            if cfg.data.flip:
+                flip_drawn(rng)
+            left, top = _integer(rng, room_x), _integer(rng, room_y)
+        return [item.height, item.width, top, left, th, tw]
+
+    # ---- loss ---------------------------------------------------------------------------------------------
+    def _predict(self, noisy, t, captions: list[str], rows) -> torch.Tensor:
+        device = self.ctx.device
+        if self.text_embeddings is not None:
+            cached = self.text_embeddings.stack(captions)
+            hidden, pooled = cached["hidden"], cached["pooled"]
+        else:
+            encoders = tuple(self.prepared[1:3]) if self.train_text_encoder else None
+            with torch.set_grad_enabled(self.train_text_encoder):
+                hidden, pooled = self.encode_prompts(captions, encoders)
+        dtype = self.unet.dtype
+        time_ids = torch.tensor([self.time_ids(row) for row in rows], dtype=torch.float32, device=device)
+        added = {"text_embeds": pooled.to(device, dtype), "time_ids": time_ids.to(dtype)}
+        return self.prepared[0](noisy.to(dtype), t, hidden.to(device, dtype), added_cond_kwargs=added,
+                                return_dict=False)[0]
+
+    # ---- samples and outputs ------------------------------------------------------------------------------
+    def pipeline(self) -> StableDiffusionXLPipeline:
+        unwrap = self.ctx.unwrap
+        scheduler = DPMSolverMultistepScheduler.from_config(self.scheduler_config, prediction_type=self.prediction_type)
+        return StableDiffusionXLPipeline(vae=self.vae, text_encoder=unwrap(self.text_encoder),
+                                         text_encoder_2=unwrap(self.text_encoder_2), tokenizer=self.tokenizer,
+                                         tokenizer_2=self.tokenizer_2, unet=unwrap(self.unet), scheduler=scheduler)
+
+    @torch.no_grad()
+    def sample(self, prompts: list[str], seeds: list[int], *, size: int | None = None, steps: int = 25,
+               guidance_scale: float = 7.5, negative_prompt: str = ""):
+        device = self.ctx.device
+        offloaded = self.text_embeddings is not None
+        if offloaded:
+            text_cache.onload(device, self.text_encoder, self.text_encoder_2)
+        pipe = self.pipeline()
+        pipe.set_progress_bar_config(disable=True)
+        size = size or self.cfg.data.resolution
+        modules = (self.unet, self.text_encoder, self.text_encoder_2)
+        was_training = [m.training for m in modules]
+        for m in modules:
+            m.eval()
+        images = []
+        try:
+            for prompt, seed in zip(prompts, seeds):
+                gen = torch.Generator(device).manual_seed(seed)
+                dtype = pipe.unet.dtype  # the sampling copy's (FSDP: low precision, see Sharding.gathered)
+                with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+                    latents = pipe(prompt, negative_prompt=negative_prompt or None, height=size, width=size,
+                                   num_inference_steps=steps, guidance_scale=guidance_scale, generator=gen,
+                                   output_type="latent").images
+                images.append(self._decode(pipe, latents))
+        finally:
+            for m, mode in zip(modules, was_training):
+                m.train(mode)
+            if offloaded:
+                text_cache.offload(self.text_encoder, self.text_encoder_2)
+        return images
+
+    def _decode(self, pipe, latents):
+        """Latents -> PIL outside autocast, in the VAE's own dtype (fp32 under fp16: SDXL's VAE NaNs in fp16)."""
+        vae = self.vae
+        with torch.autocast(self.ctx.device.type, enabled=False):
+            latents = latents.to(vae.dtype)
+            mean, std = vae.config.get("latents_mean"), vae.config.get("latents_std")
+            if mean is not None and std is not None:
+                mean = torch.tensor(mean).view(1, -1, 1, 1).to(latents)
+                std = torch.tensor(std).view(1, -1, 1, 1).to(latents)
+                latents = latents * std / vae.config.scaling_factor + mean
+            else:
+                latents = latents / vae.config.scaling_factor
+            image = vae.decode(latents, return_dict=False)[0]
+        return pipe.image_processor.postprocess(image.float(), output_type="pil")[0]
+
+    def save_outputs(self, out_dir: Path, *, step: int) -> list[str]:
+        from trainer.families.sdxl.outputs import save_sdxl_outputs
+
+        return save_sdxl_outputs(self, out_dir, step=step)
+
+
+def _encoder_layers(text_encoder):
+    model = getattr(text_encoder, "text_model", text_encoder)
+    return model.encoder.layers
+
+
+def _final_norm(text_encoder):
+    return getattr(text_encoder, "text_model", text_encoder).final_layer_norm
