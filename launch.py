@@ -95,7 +95,7 @@ def run_headless(args) -> int:
 
 def resume_headless(args) -> int:
     from trainer.core.events import EVENTS_FILE
-    from trainer.core.launcher import resume_run
+    from trainer.core.resume import resume_run
 
     events = Path(args.resume) / EVENTS_FILE
     offset = events.stat().st_size if events.exists() else 0  # show only what this launch adds

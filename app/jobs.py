@@ -137,7 +137,7 @@ class Jobs:
         request_stop(self.run_dir(name))
 
     def resume(self, name: str, overrides: Iterable[str] = ()) -> Path:
-        from trainer.core.launcher import resume_run
+        from trainer.core.resume import resume_run
 
         run_dir = self.run_dir(name)
         with self._lock:

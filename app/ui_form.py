@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
+from trainer.families import SPECS
+
 from app.forms import (
     ADVANCED,
     DEVICE_CHOICES,
@@ -17,16 +19,16 @@ from app.forms import (
     to_widget,
 )
 
-# Sub-panels of a group, by schema section: (title, shown when...) ; the section's keys go in that panel.
+# Sub-panels of a group, by schema section (title); the section's keys go in that panel. A family's own section
+# (its spec's `section`) gets a panel too, open for its families (and when a preset of that family is chosen).
 SUBPANELS = {
     "lora": "LoRA",
     "full": "Full fine-tune",
     "prior": "Prior preservation (DreamBooth class images)",
-    "flow": "Flow matching (SD3, FLUX)",
-    "detection": "Object detection",
+    **{spec.section: spec.section_title for spec in SPECS.values() if spec.section},
 }
-# Family-specific panels start open for their families (and when a preset of that family is chosen).
-PANEL_FAMILIES = {"flow": ("sd3", "flux"), "detection": ("detection",)}
+PANEL_FAMILIES = {section: tuple(name for name, spec in SPECS.items() if spec.section == section)
+                  for section in {spec.section for spec in SPECS.values() if spec.section}}
 WIDE_KINDS = ("lines",)
 PER_ROW = 3
 

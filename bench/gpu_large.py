@@ -253,10 +253,10 @@ def frozen_bf16(module):
 
 def store_base_weights(net, spec: dict, device) -> None:
     """`--base-weights fp8 | nf4`: the frozen network stored as the engine stores it for `model.base_weights`
-    (trainer.engine.precision.place_frozen_network), before LoRA is added."""
+    (trainer.families.components.base_weights.place_frozen_network), before LoRA is added."""
     import torch
 
-    from trainer.engine.precision import place_frozen_network
+    from trainer.families.components.base_weights import place_frozen_network
 
     if spec.get("base_weights", "default") != "default":
         place_frozen_network(net, spec["base_weights"], device, torch.bfloat16)

@@ -45,7 +45,7 @@ def test_fp8_base_weights_store_the_network_in_float8_and_the_lora_still_learns(
     assert base and all(m.weight.dtype == torch.float8_e4m3fn for m in base)  # every adapted layer
     assert len(stored) > 0.8 * len(linear), (len(stored), len(linear))  # and most of the others
     convs = [m for m in network.modules() if isinstance(m, torch.nn.Conv2d)]
-    assert all(m.weight.dtype == torch.float32 for m in convs)  # kept: see trainer.engine.precision.place_frozen_network
+    assert all(m.weight.dtype == torch.float32 for m in convs)  # kept: see trainer.families.components.base_weights.place_frozen_network
     trained = [p for p in network.parameters() if p.requires_grad]
     assert trained and all(p.dtype == torch.float32 for p in trained)
 

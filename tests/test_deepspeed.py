@@ -19,7 +19,7 @@ from tests.engine_helpers import (
 from trainer.errors import ConfigError
 from trainer.core.events import read_events
 from trainer.core.hardware import CPU_ONLY
-from trainer.core.launcher import resume_run
+from trainer.core.resume import resume_run
 from trainer.core.plan import make_plan
 
 pytestmark = pytest.mark.slow

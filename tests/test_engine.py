@@ -14,7 +14,7 @@ import torch
 
 from tests.engine_helpers import assert_same_weights, engine_config, final_weights, launch, log_of, progress
 from trainer.core.events import read_events
-from trainer.core.launcher import resume_run
+from trainer.core.resume import resume_run
 from trainer.core.hardware import CPU_ONLY
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ from tests.engine_helpers import BASE, assert_same_weights, final_weights, launc
 from trainer.core.config import load_config
 from trainer.core.events import read_events
 from trainer.core.hardware import CPU_ONLY
-from trainer.core.launcher import resume_run
+from trainer.core.resume import resume_run
 
 pytestmark = pytest.mark.slow
 

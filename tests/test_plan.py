@@ -129,7 +129,7 @@ def test_fsdp_is_refused_where_it_cannot_work():
         sized_plan(CPU, None, "devices=cpu:2", "model.family=detection", "model.path=fcos_tiny",
                    "detection.weights=none", "method=full", "distributed.sharding=fsdp",
                    "batch.total=2")
-    assert "fsdp is for the diffusion families" in str(err.value)
+    assert "fsdp is not available for detection" in str(err.value)
     assert sized_plan(CPU, None, "devices=cpu:2", "method=full", "distributed.sharding=fsdp",
                       "batch.total=2").sharding == "fsdp"
 
@@ -138,13 +138,14 @@ def test_model_size_is_read_from_the_safetensors_headers(tmp_path):
     import torch
     from safetensors.torch import save_file
 
-    from trainer.core.model_size import PUBLISHED_PARAMETERS, trained_parameters
+    from trainer.core.model_size import trained_parameters
+    from trainer.families.flow.spec import FLUX
 
     (tmp_path / "transformer").mkdir()
     save_file({"a.weight": torch.zeros(3, 5), "b.bias": torch.zeros(7)}, str(tmp_path / "transformer" / "x.safetensors"))
     save_file({"c.weight": torch.zeros(2, 2, dtype=torch.bfloat16)}, str(tmp_path / "transformer" / "y.safetensors"))
     assert trained_parameters("flux", str(tmp_path)) == 15 + 7 + 4
-    assert trained_parameters("flux", "black-forest-labs/FLUX.1-dev") == PUBLISHED_PARAMETERS["flux"]
+    assert trained_parameters("flux", "black-forest-labs/FLUX.1-dev") == FLUX.published_parameters
     assert trained_parameters("sd3", "stabilityai/stable-diffusion-3.5-large") == 8.06e9
     single = tmp_path / "model.safetensors"
     save_file({"model.diffusion_model.x": torch.zeros(10), "first_stage_model.y": torch.zeros(99)}, str(single))

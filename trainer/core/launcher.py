@@ -9,7 +9,7 @@ Torch is imported only by `probe()` (when no Hardware is passed in, for a GPU pl
 builder: the web UI passes the Hardware it read from `python -m trainer.core.hardware`, so its process stays
 torch-free. Folder details live in trainer.core.runfolder, resume checks in trainer.core.resume.
 
-    run_dir, plan = prepare_run(config, "runs")        # or resume_run(run_dir, ["train.steps=2000"])
+    run_dir, plan = prepare_run(config, "runs")        # or trainer.core.resume.resume_run(run_dir, [...])
     proc = start_run(run_dir, plan, config)            # proc.request_stop() / proc.kill()
     final = proc.wait()                                # the run's one final event (done/stopped/failed)
 """
@@ -39,6 +39,7 @@ from trainer.core.runfolder import (
     describe_failure, request_stop, resolve_paths, write_atomic,
 )
 from trainer.core.stopping import STOP_FILE
+from trainer.families import spec_of
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WORKER_MODULE = "trainer.engine.worker"
@@ -88,11 +89,9 @@ def plan_for(config: Config, hw: Hardware | None = None) -> Plan:
 def check_data(config: Config):
     """Scan the dataset before any process starts: a dataset that cannot train is the user's mistake to
     report now (exit 2, nothing created), not a failed run a minute later. Each family has its own torch-free
-    check (trainer.families.data_check: captioned images, detection annotations...). Per-file warnings (corrupt
+    check (its spec's `data_check`: captioned images, detection annotations...). Per-file warnings (corrupt
     files, missing captions, bad boxes) come from the workers as `warning` events."""
-    from trainer.families import data_check
-
-    return data_check(config.model.family)(config)  # the scan of captioned images (for the plan's buckets)
+    return spec_of(config.model.family).run_data_check(config)  # a scan (the plan lists its buckets)
 
 
 def prepare_run(config: Config, runs_dir: str | Path, hw: Hardware | None = None) -> tuple[Path, Plan]:
@@ -271,28 +270,3 @@ def kill_run(run_dir: str | Path, grace_s: float = 10.0) -> bool:
         return False
     kill_tree(pgid, grace_s)
     return True
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Resume
-
-
-def resume_run(
-    run_dir: str | Path, overrides: Iterable[str] = (), worker_module: str = WORKER_MODULE, hw: Hardware | None = None
-) -> RunProcess:
-    """Continue a stopped/failed run from its newest complete checkpoint (same step, schedule, data order),
-    with `overrides` (e.g. train.steps=2000 to train longer). See trainer.core.resume for what may change."""
-    from trainer.core.resume import prepare_resume  # it plans with this module's plan_for
-
-    run_dir = Path(run_dir).expanduser().resolve()
-    r = prepare_resume(run_dir, overrides, hw)
-    (run_dir / STOP_FILE).unlink(missing_ok=True)  # left from the stop being resumed; it would stop us at once
-    write_atomic(run_dir / CONFIG_FILE, to_yaml(r.config))
-    write_atomic(run_dir / PLAN_FILE, json.dumps(r.plan.event(), indent=2) + "\n")
-    EventLog(run_dir).emit(
-        "resumed", step=r.checkpoint.step, checkpoint=str(r.checkpoint.path.relative_to(run_dir)),
-        changes=r.changes, plan=r.plan.event(), line=r.plan.line(),
-    )
-    proc = start_run(run_dir, r.plan, r.config, resume=r.checkpoint.path, worker_module=worker_module)
-    proc.resumed_from, proc.changes = r.checkpoint, r.changes
-    return proc

@@ -1,7 +1,7 @@
 """How big the trained network is, before anything is loaded: torch-free, for the plan (FSDP or not).
 
 A local model is measured exactly from its safetensors headers (shapes only; no weight is read). A hub id or a
-format we cannot read falls back to the published size of the family's base models.
+format we cannot read falls back to the published size of the family's base models (its spec).
 """
 
 from __future__ import annotations
@@ -11,15 +11,7 @@ import struct
 from math import prod
 from pathlib import Path
 
-# The network each family trains, and its published size (parameters) for models we cannot measure.
-TRAINED_COMPONENT = {"sd": "unet", "sdxl": "unet", "sd3": "transformer", "flux": "transformer"}
-PUBLISHED_PARAMETERS = {
-    "sd": 860e6,  # SD 1.x/2.x UNet
-    "sdxl": 2.57e9,  # SDXL base UNet
-    "sd3": 2.03e9,  # SD3/3.5 medium MMDiT (large: 8.06e9, see below)
-    "flux": 11.9e9,  # FLUX.1 dev/schnell transformer
-}
-SD3_LARGE_PARAMETERS = 8.06e9
+from trainer.families import spec_of
 
 # Bytes per trained parameter: fp32 weight + fp32 gradient + optimizer state.
 OPTIMIZER_STATE_BYTES = {"adamw": 8, "adamw8bit": 2, "sgd": 4}
@@ -34,8 +26,10 @@ def safetensors_parameters(path: Path, prefix: str = "") -> int:
 
 
 def trained_parameters(family: str, model_path: str) -> int | None:
-    """Parameters of the network a full fine-tune of `family` trains (None when unknown)."""
-    component = TRAINED_COMPONENT.get(family)
+    """Parameters of the network a full fine-tune of `family` trains (None when unknown): measured in the
+    component folder its spec names, else the spec's published size."""
+    spec = spec_of(family)
+    component = spec.trained_component
     if component is None:
         return None
     local = Path(model_path).expanduser()
@@ -49,9 +43,10 @@ def trained_parameters(family: str, model_path: str) -> int | None:
             return safetensors_parameters(local, "model.diffusion_model.") or safetensors_parameters(local)
     except (OSError, ValueError, KeyError, struct.error):
         pass  # unreadable: fall back to the published size
-    if family == "sd3" and "large" in model_path.lower():
-        return int(SD3_LARGE_PARAMETERS)
-    return int(PUBLISHED_PARAMETERS[family])
+    for variant, size in spec.published_variants.items():
+        if variant in model_path.lower():
+            return int(size)
+    return int(spec.published_parameters) if spec.published_parameters else None
 
 
 def full_finetune_bytes(parameters: int, optimizer: str) -> int:

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from trainer.core.config.schema import Config
 from trainer.core.config.validate import parse_devices
 from trainer.errors import ConfigError
+from trainer.families import spec_of
 from trainer.core.hardware import Hardware
 
 
@@ -86,7 +87,7 @@ class Plan:
     def with_buckets(self, config: Config, scan) -> "Plan":
         """This plan listing the aspect-ratio buckets of `scan` (trainer.core.data.scan) when data.bucketing is on, with
         a note naming the buckets that hold fewer images than one step's batch."""
-        if not (config.data.bucketing and config.model.family != "detection" and getattr(scan, "items", None)):
+        if not (config.data.bucketing and spec_of(config.model.family).bucket_multiple and getattr(scan, "items", None)):
             return self
         from dataclasses import replace
 
@@ -164,8 +165,9 @@ def _deepspeed_problems(config: Config, precision: str) -> list[str]:
     if importlib.util.find_spec("deepspeed") is None:
         out.append(f"{key} needs DeepSpeed, which is not installed: `pip install 'imagetune[deepspeed]'`, or use "
                    "sharding=fsdp (built in)")
-    if config.model.family == "detection":
-        out.append(f"{key} is for the diffusion families; a torchvision detector fits on one GPU: use sharding=auto")
+    family_problem = spec_of(config.model.family).sharding_problem("deepspeed")
+    if family_problem:
+        out.append(family_problem)
     elif config.method != "full":
         out.append(f"{key} is for full fine-tunes (method=full): a LoRA's optimizer state is small, there is "
                    "nothing worth partitioning; use sharding=auto")
@@ -245,9 +247,9 @@ def make_plan(config: Config, hw: Hardware, parameters: int | None = None) -> Pl
     sharding, sharding_notes = choose_sharding(config, hw, device, world, parameters)
     notes += sharding_notes
     if sharding == "fsdp":
-        if config.model.family == "detection":
-            problems.append("distributed.sharding: fsdp is for the diffusion families; a torchvision detector fits "
-                            "on one GPU: use sharding=auto or ddp")
+        family_problem = spec_of(config.model.family).sharding_problem("fsdp")
+        if family_problem:
+            problems.append(family_problem)
         elif config.method != "full":
             problems.append("distributed.sharding: fsdp is for full fine-tunes (method=full); a LoRA's base "
                             "weights are frozen and small next to activations: use sharding=auto or ddp")

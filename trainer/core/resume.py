@@ -1,6 +1,6 @@
 """What may change when a run resumes, and from which checkpoint: checks only, nothing written.
 
-`launcher.resume_run` applies the result (config.yaml, plan.json, the `resumed` event) and starts the workers
+`resume_run` applies the result (config.yaml, plan.json, the `resumed` event) and starts the workers
 with `--resume <checkpoint>`; the worker restores step, schedule, data order and random state from it.
 """
 
@@ -12,28 +12,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from trainer.core.config import Config, load_config, to_dict
-from trainer.core.config.schema import iter_keys
-from trainer.errors import UserError
-from trainer.core.events import final_event, read_events
-from trainer.core.hardware import Hardware
-from trainer.core.launcher import plan_for
-from trainer.core.plan import Plan
+from trainer.core import launcher
 from trainer.core.checkpoint import Checkpoint, latest_checkpoint
-from trainer.core.runfolder import CONFIG_FILE, PID_FILE, PLAN_FILE
+from trainer.core.config import Config, load_config, to_dict, to_yaml
+from trainer.core.config.schema import iter_keys
+from trainer.core.events import EventLog, final_event, read_events
+from trainer.core.hardware import Hardware
+from trainer.core.launcher import RunProcess, plan_for
+from trainer.core.plan import Plan
+from trainer.core.runfolder import CONFIG_FILE, PID_FILE, PLAN_FILE, write_atomic
+from trainer.core.stopping import STOP_FILE
+from trainer.errors import UserError
+from trainer.families import spec_of
+from trainer.families.spec import COMMON_FROZEN_ON_RESUME
 
-# Settings a checkpoint was made with: changing them on resume would load state into a different model,
-# optimizer or data order (or, for batch.total, silently change what a step means). Everything else (steps,
-# learning rate, sampling, devices...) may change, and the `resumed` event lists what did.
-FROZEN_ON_RESUME = (
-    "name", "model.family", "model.path", "model.config", "model.revision", "model.variant", "method", "seed",
-    "batch.total", "data.path", "lora.rank", "lora.unet_targets", "lora.train_text_encoder",
-    "lora.text_encoder_targets", "full.train_text_encoder", "full.ema", "train.optimizer", "prior.enabled",
-    # detection: the starting weights decide frozen BatchNorm and frozen stages (the optimizer's parameters);
-    # the validation split decides which images train
-    "detection.weights", "detection.trainable_backbone_layers", "detection.val_path", "detection.val_fraction",
-    "detection.images",
-)
+def frozen_on_resume(family: str) -> tuple[str, ...]:
+    """Settings a checkpoint was made with: changing them on resume would load state into a different model,
+    optimizer or data order (or, for batch.total, silently change what a step means). Everything else (steps,
+    learning rate, sampling, devices...) may change, and the `resumed` event lists what did."""
+    return COMMON_FROZEN_ON_RESUME + spec_of(family).frozen_on_resume
 
 
 @dataclass(frozen=True)
@@ -80,7 +77,7 @@ def prepare_resume(run_dir: str | Path, overrides: Iterable[str] = (), hw: Hardw
     config = load_config(run_dir / CONFIG_FILE, list(overrides))
     before, after = flat(old), flat(config)
     changes = {k: [before[k], after[k]] for k in before if before[k] != after[k]}
-    frozen = [k for k in FROZEN_ON_RESUME if k in changes]
+    frozen = [k for k in frozen_on_resume(old.model.family) if k in changes]
     if frozen:
         listed = ", ".join(f"{k} ({changes[k][0]!r} -> {changes[k][1]!r})" for k in frozen)
         raise UserError(
@@ -111,3 +108,23 @@ def prepare_resume(run_dir: str | Path, overrides: Iterable[str] = (), hw: Hardw
             f"evenly. Resume with devices set to a number of processes that divides {old_total}."
         )
     return ResumePlan(config, plan, checkpoint, changes)
+
+
+def resume_run(
+    run_dir: str | Path, overrides: Iterable[str] = (), worker_module: str = launcher.WORKER_MODULE,
+    hw: Hardware | None = None,
+) -> RunProcess:
+    """Continue a stopped/failed run from its newest complete checkpoint (same step, schedule, data order),
+    with `overrides` (e.g. train.steps=2000 to train longer). See trainer.core.resume for what may change."""
+    run_dir = Path(run_dir).expanduser().resolve()
+    r = prepare_resume(run_dir, overrides, hw)
+    (run_dir / STOP_FILE).unlink(missing_ok=True)  # left from the stop being resumed; it would stop us at once
+    write_atomic(run_dir / CONFIG_FILE, to_yaml(r.config))
+    write_atomic(run_dir / PLAN_FILE, json.dumps(r.plan.event(), indent=2) + "\n")
+    EventLog(run_dir).emit(
+        "resumed", step=r.checkpoint.step, checkpoint=str(r.checkpoint.path.relative_to(run_dir)),
+        changes=r.changes, plan=r.plan.event(), line=r.plan.line(),
+    )
+    proc = launcher.start_run(run_dir, r.plan, r.config, resume=r.checkpoint.path, worker_module=worker_module)
+    proc.resumed_from, proc.changes = r.checkpoint, r.changes
+    return proc

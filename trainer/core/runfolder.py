@@ -21,6 +21,7 @@ from pathlib import Path
 from trainer.core.config import Config
 from trainer.core.config.validate import DEMO_SCHEME, is_hub_id
 from trainer.errors import UserError
+from trainer.families import demo_builders, spec_of
 from trainer.core.stopping import STOP_FILE
 
 CONFIG_FILE = "config.yaml"
@@ -84,12 +85,6 @@ def request_stop(run_dir: str | Path) -> Path:
     return path
 
 
-# `demo://NAME` -> the "module:function" that builds it (once) under a root folder and returns {name: path}.
-DEMO_BUILDERS = {
-    "tiny-sd": "trainer.families.sd.demo:ensure_demo_assets",
-    "demo-data": "trainer.families.sd.demo:ensure_demo_assets",
-    "shapes-coco": "trainer.families.detection.demo:ensure_detection_demo",
-}
 _BUILD_DEMO = """import importlib, json, sys
 found = {}
 for spec in sys.argv[2:]:
@@ -99,10 +94,12 @@ print(json.dumps({k: str(v) for k, v in found.items()}))"""
 
 
 def demo_assets(root: Path, names=None) -> dict[str, Path]:
-    """Build (once) and locate the offline demo assets `names` (default: all). Building may need torch and
-    diffusers, so it runs in a child process: the launcher, and the web UI that calls it, stay free of torch."""
-    wanted = DEMO_BUILDERS if names is None else [n for n in names if n in DEMO_BUILDERS]
-    builders = sorted({DEMO_BUILDERS[n] for n in wanted})
+    """Build (once) and locate the offline demo assets `names` (default: all), as registered by the families'
+    specs. Building may need torch and diffusers, so it runs in a child process: the launcher, and the web UI
+    that calls it, stay free of torch."""
+    registry = demo_builders()
+    wanted = registry if names is None else [n for n in names if n in registry]
+    builders = sorted({registry[n] for n in wanted})
     repo = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
     result = subprocess.run([sys.executable, "-c", _BUILD_DEMO, str(root), *builders], capture_output=True,
@@ -117,23 +114,22 @@ def resolve_paths(config: Config, runs_dir: str | Path) -> Config:
     """A copy of `config` with `demo://NAME` built and resolved, and local paths made absolute, so that the
     run folder's config.yaml still means the same thing from another working directory (or on resume)."""
     config = copy.deepcopy(config)
-    demo_keys = [k for k in ("model.path", "data.path") if _get(config, k).startswith(DEMO_SCHEME)]
+    spec = spec_of(config.model.family)
+    demo_keys = [k for k in ("model.path", *spec.path_keys) if _get(config, k).startswith(DEMO_SCHEME)]
+    demo_keys = list(dict.fromkeys(demo_keys))
     if demo_keys:
         names = [_get(config, key)[len(DEMO_SCHEME):] for key in demo_keys]
+        registry = demo_builders()
         for key, name in zip(demo_keys, names):
-            if name not in DEMO_BUILDERS:
-                known = ", ".join(f"demo://{a}" for a in DEMO_BUILDERS)
+            if name not in registry:
+                known = ", ".join(f"demo://{a}" for a in registry)
                 raise UserError(f"{key}: unknown demo asset '{name}'; the demo has {known}.")
         assets = demo_assets(Path(runs_dir).expanduser().resolve() / DEMO_DIR, names)
         for key, name in zip(demo_keys, names):
             _set(config, key, str(assets[name]))
-    keys = ["model.path", "model.config", "data.path", "prior.class_path"]
-    if config.model.family == "detection":  # model.path names an architecture; the weights may be a local file
-        keys = ["data.path", "detection.images", "detection.val_path"]
-        keys += [] if config.detection.weights in ("coco", "none") else ["detection.weights"]
-    for key in keys:
+    for key in spec.path_keys:
         value = _get(config, key)
-        if value and not value.startswith(DEMO_SCHEME) and not is_hub_id(value):
+        if spec.is_path(key, value) and not value.startswith(DEMO_SCHEME) and not is_hub_id(value):
             _set(config, key, str(Path(value).expanduser().resolve()))
     return config
 

@@ -1,6 +1,6 @@
 """The training loop: one optimizer step = `accumulation` micro-steps on every process, then one update.
 
-Everything a step needs is in `Run` (built by trainer.engine.worker). The loop owns accumulation, precision,
+Everything a step needs is in `Run` (trainer.engine.run, built by trainer.engine.worker). The loop owns accumulation, precision,
 clipping, the non-finite guard, stopping, samples, checkpoints and progress events; the family owns the maths.
 """
 
@@ -8,61 +8,18 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from trainer.core.data.stream import BatchStream, position_seed
-from trainer.engine.precision import Amp
-from trainer.engine.parallel.fsdp import Sharding
-
-
-@dataclass
-class TrainState:
-    """What a checkpoint restores besides weights and optimizer: where we are."""
-
-    step: int = 0
-    nonfinite_in_row: int = 0
-    nonfinite_total: int = 0
-
-
-@dataclass
-class Run:
-    config: object
-    plan: object
-    accelerator: object
-    family: object
-    stream: BatchStream
-    optimizer: torch.optim.Optimizer
-    scheduler: object
-    amp: Amp
-    events: object  # EventLog on rank 0, a no-op elsewhere
-    stop: object  # StopRequest
-    run_dir: Path
-    state: TrainState = field(default_factory=TrainState)
-    phase: str = "starting"  # what the processes are doing: named in the failure if a collective times out
-    ema: object = None
-    # FSDP or not (trainer.engine.parallel.fsdp); whole-weight work (samples, checkpoints, outputs) runs in `gathered()`
-    sharding: Sharding = field(default_factory=lambda: Sharding(False, lambda module: module))
-
-    @property
-    def rank(self) -> int:
-        return self.accelerator.process_index
-
-    def trainable_params(self):
-        return self.sharding.trained_parameters(self.optimizer)
-
-
-class RunFailed(Exception):
-    """The run cannot go on (non-finite losses, ranks out of sync); the message is the `failed` reason."""
+from trainer.engine.run import Run, RunFailed
+from trainer.families.protocol import Sample
+from trainer.engine.run_io import draw_samples, evaluate, save_run_checkpoint
 
 
 def fit(run: Run) -> str:
     """Train from run.state.step to the plan's steps; returns "done" or "stopped" (raises RunFailed)."""
-    from trainer.engine.run_io import draw_samples, evaluate, save_run_checkpoint
-
     cfg, plan, acc = run.config, run.plan, run.accelerator
     draw_samples(run)  # at the start (or the resumed step): what the model does before this session trains
     throughput = Throughput()
@@ -74,7 +31,7 @@ def fit(run: Run) -> str:
         losses = []
         for micro in range(plan.accumulation):
             positions = run.stream.positions(step, micro, run.rank)
-            samples = [(pos, *run.stream.item(pos)) for pos in positions]
+            samples = [Sample(pos, *run.stream.item(pos)) for pos in positions]
             with acc.accumulate(*run.family.prepared):
                 with run.amp.autocast():
                     loss = run.family.loss(samples)

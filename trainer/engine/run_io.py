@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
+from trainer.families.protocol import Evaluates, HasCheckpointMetadata
 from trainer.core.checkpoint import COMPLETE, CHECKPOINTS, CheckpointWriteError, latest_checkpoint, save_checkpoint
 
 SAMPLES = "samples"
@@ -52,19 +53,17 @@ def evaluate(run) -> None:
     are gathered across processes by the family. A family with a `best_metric` (e.g. detection's `map`) gets
     checkpoints/best/ kept by it; one with `eval_samples(step)` -> [(index, caption, image)] gets them written
     as samples (detection: the precision-recall curve)."""
-    hook = getattr(run.family, "evaluate", None)
-    if hook is None:
+    family = run.family
+    if not isinstance(family, Evaluates):
         return
     step = run.state.step
     run.phase = f"evaluating at step {step}"
-    metrics = hook(step)
+    metrics = family.evaluate(step)
     if metrics:
         run.events.emit("eval", step=step, **metrics)
     with run.sharding.gathered():
         if run.accelerator.is_main_process:
-            extra = getattr(run.family, "eval_samples", None)
-            if extra is not None:
-                _write_samples(run, step, extra(step))
+            _write_samples(run, step, family.eval_samples(step))
             if metrics:
                 keep_best(run, metrics)
         run.accelerator.wait_for_everyone()
@@ -72,8 +71,7 @@ def evaluate(run) -> None:
 
 def _metadata(run, step: int) -> dict | None:
     """safetensors metadata of the family's weights files (detection: classes and model config), if any."""
-    hook = getattr(run.family, "checkpoint_metadata", None)
-    return hook(step) if hook is not None else None
+    return run.family.checkpoint_metadata(step) if isinstance(run.family, HasCheckpointMetadata) else None
 
 
 def read_best(run_dir) -> dict | None:
@@ -87,7 +85,7 @@ def read_best(run_dir) -> dict | None:
 def keep_best(run, metrics: dict) -> None:
     """Rank 0: when the family's `best_metric` beats checkpoints/best/, replace it (written in a temp folder,
     then swapped in by renames, so a reader sees the old or the new one, never half of one); a `best` event."""
-    name = getattr(run.family, "best_metric", None)
+    name = run.family.best_metric if isinstance(run.family, Evaluates) else None
     value = metrics.get(name) if name else None
     if value is None:
         return
@@ -138,7 +136,7 @@ def check_ranks_in_sync(run) -> None:
     everyone = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(everyone, mine)
     if any(not torch.equal(everyone[0], other) for other in everyone[1:]):
-        from trainer.engine.loop import RunFailed
+        from trainer.engine.run import RunFailed
 
         raise RunFailed(f"The trainable weights differ between processes at step {run.state.step}: gradients "
                         "were not synchronised. This is a bug in the trainer; please report it with train.log.")

@@ -33,8 +33,8 @@ def setup(run_dir: Path, resume: Path | None):
 
     from trainer.core.data.stream import make_stream
     from trainer.families import get_family
-    from trainer.families.protocol import WorkerContext
-    from trainer.engine.loop import Run
+    from trainer.families.protocol import Bucketed, WorkerContext
+    from trainer.engine.run import Run
     from trainer.engine.optim import build_optimizer, build_scheduler
     from trainer.engine.precision import Amp
     from trainer.engine.run_io import load_run_checkpoint, load_weights
@@ -70,7 +70,7 @@ def setup(run_dir: Path, resume: Path | None):
     family = get_family(config.model.family)(ctx)
     family.load()
     items = family.prepare_data()
-    stream = make_stream(items, item_buckets=getattr(family, "item_buckets", None), total=plan.total,
+    stream = make_stream(items, item_buckets=family.item_buckets if isinstance(family, Bucketed) else None, total=plan.total,
                          per_device=plan.per_device, world_size=plan.world_size, seed=config.seed)
     if resume:
         load_weights(family, resume)  # before DDP wraps the modules (DDP then broadcasts rank 0's weights)
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
     except Exception as exc:
-        from trainer.engine.loop import RunFailed
+        from trainer.engine.run import RunFailed
 
         traceback.print_exc()
         phase = run.phase if run else "setting up"

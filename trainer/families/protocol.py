@@ -1,21 +1,35 @@
 """The protocol every model family implements. The training loop talks to a family only through this.
 
 A family owns its models, its dataset and its maths; the loop owns the step: accumulation, precision,
-clipping, optimizer and scheduler, stopping, checkpoints and events. Adding a family is one module that
-implements this class and one line in `trainer/families/__init__.py`.
+clipping, optimizer and scheduler, stopping, checkpoints and events. A family is a folder under
+trainer/families/ with a torch-free spec (trainer.families.spec) naming its implementation of `Family`.
+
+Optional abilities are protocols of their own (`Evaluates`, `HasCheckpointMetadata`, `Bucketed`): the engine
+asks `isinstance(family, Evaluates)` instead of looking for attributes by name.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Callable, NamedTuple, Protocol, runtime_checkable
 
 import torch
 from PIL import Image
 
 from trainer.core.config.schema import Config
 from trainer.core.plan import Plan
+
+
+class Sample(NamedTuple):
+    """One sample of a micro-batch, as the batch stream (trainer.core.data.stream) places it."""
+
+    position: int
+    """Its place in the run's stream of samples: every random draw for it (augmentation, noise, timestep) is
+    seeded from this, so the result does not depend on how the global batch is split across processes."""
+    epoch: int
+    index: int
+    """The dataset item (repeats expanded) the family loads."""
 
 
 @dataclass
@@ -29,9 +43,9 @@ class WorkerContext:
     device: torch.device
     rank: int
     world_size: int
-    accelerator: object  # accelerate.Accelerator (barrier, wait_for_everyone)
-    log_warning: object  # callable(str): a `warning` event on rank 0 and a line in the log
-    unwrap: object = None  # callable(module) -> the plain model to sample with or save (trainer.engine.parallel.fsdp)
+    accelerator: Any  # accelerate.Accelerator (barrier, wait_for_everyone)
+    log_warning: Callable[[str], None]  # a `warning` event on rank 0 and a line in the log
+    unwrap: Callable[[torch.nn.Module], torch.nn.Module] | None = None  # the plain model to sample with or save
 
     def __post_init__(self):
         if self.unwrap is None:
@@ -40,6 +54,11 @@ class WorkerContext:
 
 class Family(Protocol):
     name: str
+    prepared: list[torch.nn.Module]
+    """The trainable modules as the parallel wrapper returned them (set by `set_prepared`); the loop
+    accumulates gradients on these."""
+    ema: Any
+    """diffusers' EMAModel over the trained parameters when `full.ema` is on, else None (set by the worker)."""
 
     def __init__(self, ctx: WorkerContext): ...
 
@@ -50,7 +69,7 @@ class Family(Protocol):
         """Modules with trainable parameters (the worker wraps them for DDP and hands them back)."""
 
     def set_prepared(self, modules: list[torch.nn.Module]) -> None:
-        """Receive the DDP-wrapped modules (same order) to use in `loss`."""
+        """Receive the wrapped modules (same order) to use in `loss`."""
 
     def param_groups(self) -> list[dict]:
         """Optimizer parameter groups, each with `params` and `lr`."""
@@ -59,24 +78,13 @@ class Family(Protocol):
         """Scan, check and cache the data (caches: one writer per file, the others wait); return the number of
         items per epoch (repeats included)."""
 
-    # Optional: `item_buckets: list[int] | None`, set by `prepare_data`: the aspect-ratio bucket of each item (a
-    # small integer per item, in item order). When it is there and not None, the worker builds a
-    # `trainer.core.data.stream.BucketedStream`: every optimizer step's whole batch comes from one bucket, so the
-    # samples handed to `loss` always share one shape. Families without buckets simply do not define it.
-
-    def loss(self, positions: list[int]) -> torch.Tensor:
-        """Mean loss of the samples at these stream positions (a micro-batch), called under autocast.
-
-        Every random draw for a sample (augmentation, noise, timestep) is seeded from its position, so the
-        result does not depend on how the global batch is split across processes and micro-steps."""
+    def loss(self, samples: list[Sample]) -> torch.Tensor:
+        """Mean loss of these samples (a micro-batch), called under autocast."""
 
     def render_samples(self, step: int) -> list[tuple[str, Image.Image]]:
         """(caption, image) pairs showing what the model does now, drawn with fixed seeds/inputs so that
         samples of different steps compare (rank 0 only, outside autocast unless the frozen weights are low
         precision). For diffusion: the preset's sample prompts; for detection: predictions on fixed images."""
-
-    # Optional: `evaluate(step) -> dict | None`, called on every rank every `eval.every` steps and at the end;
-    # the dict becomes an `eval` event (rank 0's). Families without metrics simply do not define it.
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
         """Trainable weights for a checkpoint (fp32, unwrapped names)."""
@@ -84,4 +92,31 @@ class Family(Protocol):
     def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None: ...
 
     def save_outputs(self, out_dir: Path, *, step: int) -> list[str]:
-        """Write the final artifacts; return their paths relative to the run folder."""
+        """Write the final artifacts; return their paths."""
+
+
+@runtime_checkable
+class Evaluates(Protocol):
+    """A family with metrics: `evaluate` runs on every rank every `eval.every` steps and at the end; its dict
+    becomes an `eval` event (rank 0's). checkpoints/best/ follows `best_metric` (higher is better)."""
+
+    best_metric: str | None
+
+    def evaluate(self, step: int) -> dict | None: ...
+
+    def eval_samples(self, step: int) -> list[tuple[int, str, Image.Image]]:
+        """(index, caption, image) written as samples after an evaluation (detection: precision-recall)."""
+
+
+@runtime_checkable
+class HasCheckpointMetadata(Protocol):
+    def checkpoint_metadata(self, step: int) -> dict[str, str]:
+        """safetensors metadata that makes a weights file loadable on its own (detection: classes, config)."""
+
+
+@runtime_checkable
+class Bucketed(Protocol):
+    item_buckets: list[int] | None
+    """Set by `prepare_data`: each item's aspect-ratio bucket (None when bucketing is off). The worker then
+    builds a BucketedStream: every optimizer step's batch comes from one bucket, so a micro-batch's samples
+    always share one shape."""

@@ -21,11 +21,7 @@ def key(default: Any, help: str, *, choices: tuple[str, ...] | None = None, grou
     return field(default=default, metadata=meta)
 
 
-# torchvision detectors of `model.family: detection` (`fcos_tiny`: a 4-conv backbone for the offline demo)
-DETECTION_ARCHITECTURES = (
-    "fasterrcnn_resnet50_fpn_v2", "fasterrcnn_mobilenet_v3_large_fpn", "retinanet_resnet50_fpn_v2",
-    "fcos_resnet50_fpn", "ssdlite320_mobilenet_v3_large", "fcos_tiny",
-)
+from trainer.families.detection.architectures import NAMES as DETECTION_ARCHITECTURES  # noqa: E402
 
 
 @dataclass

@@ -10,7 +10,8 @@ import os
 import re
 from pathlib import Path
 
-from trainer.core.config.schema import Config
+from trainer.core.config.schema import Config, ModelConfig
+from trainer.families import SPECS
 
 DEMO_SCHEME = "demo://"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -20,18 +21,6 @@ _CPU_DEVICES = re.compile(r"^cpu(:(\d+))?$")
 def is_hub_id(path: str) -> bool:
     """`org/name` that is not a local path: diffusers fetches it from the Hugging Face hub."""
     return bool(_HUB_ID.match(path)) and not Path(path).exists()
-
-
-def _model_path_problem(key: str, path: str) -> str | None:
-    if not path:
-        return f"{key}: is empty; set it to a diffusers folder, a .safetensors file or a hub id"
-    if path.startswith(DEMO_SCHEME) or Path(path).expanduser().exists():
-        return None
-    if is_hub_id(path):
-        if os.environ.get("HF_HUB_OFFLINE") == "1":
-            return f"{key}: '{path}' looks like a hub id, but HF_HUB_OFFLINE=1; download it first or use a local path"
-        return None
-    return f"{key}: '{path}' does not exist; give a local folder/file that exists or a hub id like org/name"
 
 
 def _positive(problems: list[str], key: str, value, *, allow_zero: bool = False) -> None:
@@ -95,16 +84,14 @@ def validate(config: Config, *, check_paths: bool = True) -> list[str]:
             p.append(f"batch.per_device: must be a positive integer or auto, got {b.per_device!r}")
     else:
         _positive(p, "batch.per_device", b.per_device)
-    res = config.data.resolution
-    detection = config.model.family == "detection"
-    if detection:  # a detector's model.path is an architecture and data.path annotations: its own checks
-        from trainer.families.detection.checks import detection_problems
-
-        p += detection_problems(config, check_paths=check_paths)
-    elif res < 8 or res % 8:
-        p.append(f"data.resolution: must be a multiple of 8 (the VAE downsamples by 8), got {res}")
-    if config.data.bucketing and not detection:
-        p += _bucket_problems(config)
+    spec = _spec(config.model.family)
+    p += spec.check(config, check_paths=check_paths)
+    res, multiple = config.data.resolution, spec.resolution_multiple
+    if multiple and (res < multiple or res % multiple):
+        p.append(f"data.resolution: must be a multiple of {multiple} (the VAE downsamples by {multiple}), "
+                 f"got {res}")
+    if config.data.bucketing and spec.bucket_multiple:
+        p += _bucket_problems(config, spec.bucket_multiple)
     lora = config.lora
     if config.method == "lora":
         _positive(p, "lora.rank", lora.rank)
@@ -114,7 +101,7 @@ def validate(config: Config, *, check_paths: bool = True) -> list[str]:
         if not lora.unet_targets:
             p.append("lora.unet_targets: needs at least one module name, e.g. [to_q, to_k, to_v, to_out.0]")
     base_weights = config.model.base_weights
-    if base_weights != "default" and (config.method != "lora" or detection):
+    if base_weights != "default" and config.method != "lora":
         p.append(f"model.base_weights: {base_weights} is for LoRA on the diffusion families (a full fine-tune "
                  "trains every weight in fp32); set model.base_weights=default")
     elif base_weights == "fp8" and not config.train.gradient_checkpointing:
@@ -154,29 +141,22 @@ def validate(config: Config, *, check_paths: bool = True) -> list[str]:
             p.append("prior.class_path: prior preservation needs a folder for class images (it may be empty)")
         _positive(p, "prior.num_class_images", prior.num_class_images)
         _positive(p, "prior.loss_weight", prior.loss_weight)
-    if check_paths and not detection:
-        problem = _model_path_problem("model.path", config.model.path)
-        if problem:
-            p.append(problem)
-        if config.model.config:
-            problem = _model_path_problem("model.config", config.model.config)
-            if problem:
-                p.append(problem)
-        data = config.data.path
-        if not data:
-            p.append("data.path: is empty; set it to a folder of training images")
-        elif not data.startswith(DEMO_SCHEME) and not Path(data).expanduser().is_dir():
-            p.append(f"data.path: folder '{data}' does not exist; point it at a folder of images")
     return p
 
 
-def _bucket_problems(config: Config) -> list[str]:
+def _spec(family: str):
+    """The family's spec. An unknown family (reported by build_config) is checked as the default family, so
+    the user still sees every other problem at once."""
+    return SPECS.get(family) or SPECS[ModelConfig().family]
+
+
+def _bucket_problems(config: Config, multiple: int) -> list[str]:
     d, p = config.data, []
     if d.bucket_step < 8 or d.bucket_step % 8:
         p.append(f"data.bucket_step: must be a multiple of 8 (the VAE downsamples by 8), got {d.bucket_step}")
-    elif config.model.family in ("flux", "sd3") and d.bucket_step % 16:
-        p.append(f"data.bucket_step: {config.model.family} packs 2x2 latent patches, so bucket sides must be "
-                 f"multiples of 16; got {d.bucket_step} (64 is usual)")
+    elif d.bucket_step % multiple:
+        p.append(f"data.bucket_step: {config.model.family} needs bucket sides that are multiples of {multiple} "
+                 f"(its transformer packs 2x2 latent patches); got {d.bucket_step} (64 is usual)")
     if not d.bucket_max_aspect >= 1:
         p.append(f"data.bucket_max_aspect: must be 1 or more (long side / short side), got {d.bucket_max_aspect}")
     for name in ("bucket_min_side", "bucket_max_side"):

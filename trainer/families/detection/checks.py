@@ -9,42 +9,35 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
-from trainer.core.config.schema import DETECTION_ARCHITECTURES, Config
+from trainer.core.config.schema import Config
+from trainer.core.config.validate import DEMO_SCHEME, parse_devices
+from trainer.families.detection.architectures import ARCHITECTURES, NAMES
 
 AUGMENTATIONS = ("color", "zoom_out", "iou_crop")
-# Backbone stages torchvision can leave trainable (ResNet: conv1 + 4 layers; MobileNetV3: 6 stages).
-MAX_TRAINABLE_LAYERS = {
-    "fasterrcnn_resnet50_fpn_v2": 5, "retinanet_resnet50_fpn_v2": 5, "fcos_resnet50_fpn": 5,
-    "fasterrcnn_mobilenet_v3_large_fpn": 6,
-}
 WEIGHT_CHOICES = ("coco", "none")
 
 
 def detection_problems(config: Config, *, check_paths: bool = True) -> list[str]:
-    from trainer.core.config.validate import DEMO_SCHEME, parse_devices
-
     p: list[str] = []
     d, arch = config.detection, config.model.path
-    if config.method != "full":
-        p.append("method: a detector is trained whole; set method=full (LoRA is for the diffusion families)")
     if config.full.ema:
         p.append("full.ema: not supported for detection (the best checkpoint by mAP is kept instead); set it to false")
-    if arch not in DETECTION_ARCHITECTURES:
-        close = difflib.get_close_matches(arch, DETECTION_ARCHITECTURES, n=1, cutoff=0.5)
+    if arch not in ARCHITECTURES:
+        close = difflib.get_close_matches(arch, NAMES, n=1, cutoff=0.5)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         what = "is empty" if not arch else f"'{arch}' is not a detection architecture{hint}"
-        p.append(f"model.path: {what}; use one of {', '.join(DETECTION_ARCHITECTURES)}")
+        p.append(f"model.path: {what}; use one of {', '.join(NAMES)}")
     if config.data.resolution < 32:
         p.append(f"data.resolution: must be at least 32 for a detector (backbones downsample by 32), got "
                  f"{config.data.resolution}")
     weights = d.weights
-    if weights == "coco" and arch == "fcos_tiny":
-        p.append("detection.weights: fcos_tiny has no COCO weights; use none (random init) or a local file")
+    if weights == "coco" and arch in ARCHITECTURES and not ARCHITECTURES[arch].coco_weights:
+        p.append(f"detection.weights: {arch} has no COCO weights; use none (random init) or a local file")
     elif weights not in WEIGHT_CHOICES and check_paths and not Path(weights).expanduser().is_file():
         p.append(f"detection.weights: '{weights}' is not coco, none or an existing weights file (.pth/.safetensors)")
     layers = d.trainable_backbone_layers
     if layers is not None:
-        top = MAX_TRAINABLE_LAYERS.get(arch)
+        top = ARCHITECTURES[arch].max_trainable_layers if arch in ARCHITECTURES else None
         if top is None:
             p.append(f"detection.trainable_backbone_layers: {arch} always trains its whole backbone; leave it unset")
         elif not 0 <= layers <= top:

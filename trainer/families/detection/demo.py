@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from trainer.families.sd.demo import ensure_asset
+from trainer.families.components.tiny_assets import ensure_asset
 
 ASSET = "shapes-coco"
 CLASSES = ("circle", "square", "triangle")

@@ -211,7 +211,7 @@ class DetectionFamily:
             f"classes: {', '.join(self.classes)}\n\n"
             "`model.safetensors` holds the final weights, `best.safetensors` those of the best evaluation "
             f"({self.best_metric}). Both carry the class names and the model config in their metadata:\n\n"
-            "```python\nfrom trainer.families.detection.predict import load_detector\n\n"
+            "```python\nfrom trainer.detect import load_detector\n\n"
             "detector = load_detector(\"output/best.safetensors\")\n"
             "for box in detector.predict(\"photo.jpg\"):\n"
             "    print(box[\"name\"], box[\"score\"], box[\"box\"])\n```\n")

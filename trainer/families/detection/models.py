@@ -21,8 +21,8 @@ from torchvision.models.detection._utils import BalancedPositiveNegativeSampler
 from torchvision.ops.misc import FrozenBatchNorm2d
 
 from trainer.errors import UserError
+from trainer.families.detection.architectures import ARCHITECTURES
 
-RESNET = ("fasterrcnn_resnet50_fpn_v2", "retinanet_resnet50_fpn_v2", "fcos_resnet50_fpn")
 DEFAULT_TRAINABLE_LAYERS = 3  # torchvision's default for ResNet and MobileNet FPN backbones
 
 
@@ -66,9 +66,9 @@ def fcos_tiny(num_classes: int, **kwargs):
 def _construct(arch: str, num_classes: int, resolution: int) -> nn.Module:
     import torchvision
 
-    if arch == "fcos_tiny":
+    if ARCHITECTURES[arch].backbone == "tiny":
         return fcos_tiny(num_classes, min_size=resolution, max_size=resolution)
-    if arch.startswith("ssdlite"):
+    if ARCHITECTURES[arch].fixed_square:
         # the builder fixes 320x320 and passes extra keyword arguments on to MobileNet: set the size afterwards
         model = torchvision.models.get_model(arch, weights=None, weights_backbone=None, num_classes=num_classes)
         model.transform.min_size, model.transform.max_size = (resolution,), resolution
@@ -152,12 +152,13 @@ def freeze_stages(model: nn.Module, arch: str, trainable: int | None) -> None:
     """Freeze all but the top `trainable` backbone stages, as torchvision does for pretrained backbones."""
     trainable = DEFAULT_TRAINABLE_LAYERS if trainable is None else trainable
     body = model.backbone.body if hasattr(model.backbone, "body") else None
-    if arch in RESNET:
+    backbone = ARCHITECTURES[arch].backbone
+    if backbone == "resnet50":
         keep = ["layer4", "layer3", "layer2", "layer1", "conv1"][:trainable] + (["bn1"] if trainable == 5 else [])
         for name, p in body.named_parameters():
             if not any(name.startswith(k) for k in keep):
                 p.requires_grad_(False)
-    elif arch == "fasterrcnn_mobilenet_v3_large_fpn":
+    elif backbone == "mobilenet_v3" and ARCHITECTURES[arch].max_trainable_layers:
         blocks = list(body.children())
         stages = [0] + [i for i, b in enumerate(blocks) if getattr(b, "_is_cn", False)] + [len(blocks) - 1]
         first_trained = len(blocks) if trainable == 0 else stages[len(stages) - trainable]

@@ -12,9 +12,9 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from trainer.families.sd.demo import _SPECIALS, _TOKENIZER_CORPUS, _build_bpe, _write_tokenizer
+from trainer.families.components.tiny_assets import SPECIALS, TOKENIZER_CORPUS, build_bpe, ensure_asset, write_clip_tokenizer
 
-T5_SPECIALS = ("<pad>", "</s>", "<unk>")
+T5SPECIALS = ("<pad>", "</s>", "<unk>")
 
 
 def _write_t5_tokenizer(folder: Path, *, max_length: int = 512) -> int:
@@ -22,9 +22,9 @@ def _write_t5_tokenizer(folder: Path, *, max_length: int = 512) -> int:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import T5TokenizerFast
 
-    letters = sorted(set("".join(_TOKENIZER_CORPUS)) | set("abcdefghijklmnopqrstuvwxyz0123456789.,!?'-"))
-    words = sorted(set(_TOKENIZER_CORPUS))
-    vocab = [(t, 0.0) for t in T5_SPECIALS] + [("\u2581" + w, -2.0) for w in words]
+    letters = sorted(set("".join(TOKENIZER_CORPUS)) | set("abcdefghijklmnopqrstuvwxyz0123456789.,!?'-"))
+    words = sorted(set(TOKENIZER_CORPUS))
+    vocab = [(t, 0.0) for t in T5SPECIALS] + [("\u2581" + w, -2.0) for w in words]
     vocab += [("\u2581", -3.0)] + [(c, -5.0) for c in letters] + [("\u2581" + c, -4.0) for c in letters]
     tok = Tokenizer(models.Unigram(vocab, unk_id=2, byte_fallback=False))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
@@ -39,14 +39,14 @@ def _write_t5_tokenizer(folder: Path, *, max_length: int = 512) -> int:
 
 @lru_cache(maxsize=1)
 def _bpe():
-    return _build_bpe(vocab_size=1000)  # the SD demo's CLIP BPE, learnt once per process
+    return build_bpe(vocab_size=1000)  # the SD demo's CLIP BPE, learnt once per process
 
 
 def _clip_tokenizer(folder: Path):
     from transformers import CLIPTokenizer
 
     vocab, merges = _bpe()
-    _write_tokenizer(folder, vocab, merges)
+    write_clip_tokenizer(folder, vocab, merges)
     return CLIPTokenizer.from_pretrained(folder), vocab, merges
 
 
@@ -55,8 +55,8 @@ def _clip_config(vocab, *, hidden: int, projection: int):
 
     return CLIPTextConfig(vocab_size=len(vocab), hidden_size=hidden, intermediate_size=2 * hidden,
                           num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=77,
-                          projection_dim=projection, hidden_act="quick_gelu", bos_token_id=vocab[_SPECIALS[0]],
-                          eos_token_id=vocab[_SPECIALS[1]], pad_token_id=vocab[_SPECIALS[1]])
+                          projection_dim=projection, hidden_act="quick_gelu", bos_token_id=vocab[SPECIALS[0]],
+                          eos_token_id=vocab[SPECIALS[1]], pad_token_id=vocab[SPECIALS[1]])
 
 
 def _t5(vocab_size: int, d_model: int):
@@ -110,7 +110,7 @@ def make_tiny_flux(folder, *, guidance_embeds: bool = True, seed: int = 0) -> Pa
                         text_encoder_2=text_encoder_2, tokenizer_2=T5TokenizerFast.from_pretrained(folder / "tokenizer_2"),
                         transformer=transformer)
     pipe.save_pretrained(folder, safe_serialization=True)
-    _write_tokenizer(folder / "tokenizer", vocab, merges)
+    write_clip_tokenizer(folder / "tokenizer", vocab, merges)
     return folder
 
 
@@ -150,8 +150,22 @@ def make_tiny_sd3(folder, *, seed: int = 0) -> Path:
                                     text_encoder_3=text_encoder_3,
                                     tokenizer_3=T5TokenizerFast.from_pretrained(folder / "tokenizer_3"))
     pipe.save_pretrained(folder, safe_serialization=True)
-    _write_tokenizer(folder / "tokenizer", vocab, merges)
-    _write_tokenizer(folder / "tokenizer_2", vocab, merges)
+    write_clip_tokenizer(folder / "tokenizer", vocab, merges)
+    write_clip_tokenizer(folder / "tokenizer_2", vocab, merges)
     return folder
 
 
+
+
+def ensure_tiny_flux(root) -> dict[str, Path]:
+    """`root/tiny-flux` (dev-like), built once (atomically, see tiny_assets.ensure_asset); {"tiny-flux": path}."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    return {"tiny-flux": ensure_asset(root / "tiny-flux", make_tiny_flux, "model_index.json")}
+
+
+def ensure_tiny_sd3(root) -> dict[str, Path]:
+    """`root/tiny-sd3`, built once; {"tiny-sd3": path}."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    return {"tiny-sd3": ensure_asset(root / "tiny-sd3", make_tiny_sd3, "model_index.json")}

@@ -21,7 +21,7 @@ from trainer.errors import UserError
 from trainer.families.components import flow_matching as fm
 from trainer.families.components import text_cache
 from trainer.families.sd.family import StableDiffusionFamily
-from trainer.engine.precision import frozen_dtype, place_frozen_network
+from trainer.families.components.base_weights import frozen_dtype, place_frozen_network
 
 
 class FlowMatchingFamily(StableDiffusionFamily):

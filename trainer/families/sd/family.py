@@ -18,7 +18,7 @@ from trainer.families.protocol import WorkerContext
 from trainer.families.components.latent_cache import build_latent_cache, cache_key
 from trainer.families.components.prior import ensure_class_images
 from trainer.families.components.sd_loading import load_sd_components
-from trainer.engine.precision import frozen_dtype, place_frozen_network
+from trainer.families.components.base_weights import frozen_dtype, place_frozen_network
 
 
 class StableDiffusionFamily:

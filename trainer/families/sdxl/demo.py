@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainer.families.sd.demo import _SPECIALS, VAE_SCALE_FACTOR, _build_bpe, _write_tokenizer
+from trainer.families.components.tiny_assets import SPECIALS, build_bpe, ensure_asset, write_clip_tokenizer
+from trainer.families.sd.demo import VAE_SCALE_FACTOR
 from trainer.errors import UserError
 
 TE_HIDDEN = (32, 32)  # hidden sizes of text_encoder / text_encoder_2: cross_attention_dim = their sum
@@ -29,9 +30,9 @@ def make_tiny_sdxl(folder, *, prediction_type: str = "epsilon", sample_size: int
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    vocab, merges = _build_bpe(vocab_size=1000)
+    vocab, merges = build_bpe(vocab_size=1000)
     for name in ("tokenizer", "tokenizer_2"):
-        _write_tokenizer(folder / name, vocab, merges)
+        write_clip_tokenizer(folder / name, vocab, merges)
     tokenizer = CLIPTokenizer.from_pretrained(folder / "tokenizer")
     tokenizer_2 = CLIPTokenizer.from_pretrained(folder / "tokenizer_2")
 
@@ -39,7 +40,7 @@ def make_tiny_sdxl(folder, *, prediction_type: str = "epsilon", sample_size: int
         return CLIPTextConfig(
             vocab_size=len(vocab), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
             num_attention_heads=4, max_position_embeddings=77, projection_dim=PROJECTION_DIM, hidden_act="gelu",
-            bos_token_id=vocab[_SPECIALS[0]], eos_token_id=vocab[_SPECIALS[1]], pad_token_id=vocab[_SPECIALS[1]],
+            bos_token_id=vocab[SPECIALS[0]], eos_token_id=vocab[SPECIALS[1]], pad_token_id=vocab[SPECIALS[1]],
         )
 
     with torch.random.fork_rng(devices=[]):  # never shift the caller's random state
@@ -82,5 +83,12 @@ def make_tiny_sdxl(folder, *, prediction_type: str = "epsilon", sample_size: int
     )
     pipe.save_pretrained(folder, safe_serialization=True)
     for name in ("tokenizer", "tokenizer_2"):  # the classic vocab.json + merges.txt pair, as trainer.families.sd.demo does
-        _write_tokenizer(folder / name, vocab, merges)
+        write_clip_tokenizer(folder / name, vocab, merges)
     return folder
+
+
+def ensure_tiny_sdxl(root) -> dict[str, Path]:
+    """`root/tiny-sdxl`, built once (atomically, see tiny_assets.ensure_asset); {"tiny-sdxl": path}."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    return {"tiny-sdxl": ensure_asset(root / "tiny-sdxl", make_tiny_sdxl, "model_index.json")}

@@ -1,0 +1,86 @@
+"""How the frozen networks are stored on the device: in the plan's precision, or as float8 / NF4 base weights
+(`model.base_weights`) for LoRA runs. The families call this while loading; trainable weights stay fp32."""
+
+from __future__ import annotations
+
+import torch
+
+from trainer.errors import UserError
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def place_frozen_network(module: torch.nn.Module, base_weights: str, device: torch.device, dtype: torch.dtype) -> None:
+    """Move the network a LoRA run adapts (UNet / transformer, still frozen) to `device` in `dtype`, stored as
+    `model.base_weights` says. Call it before adding LoRA (the adapter's layers then stay fp32) and never cast the
+    module's dtype afterwards (that would dequantize NF4).
+
+    - `default`: as it is, in `dtype`.
+    - `fp8`: weights stored in float8 e4m3 and upcast to `dtype` layer by layer around each forward (diffusers'
+      layerwise casting; norms and embeddings stay as they are).
+    - `nf4`: the Linear weights in 4-bit NormalFloat (QLoRA's format) as torchao's `NF4Tensor`, dequantized inside
+      each matmul; the backward keeps the 4-bit weight, not a dequantized copy.
+
+    Quantized where the model was loaded (the CPU) or layer by layer on the device, so the device never holds
+    the whole network in full precision: FLUX's transformer is 24 GB in bf16, more than the cards fp8 and NF4
+    are for."""
+    if base_weights == "default":
+        module.to(device, dtype=dtype)
+        return
+    module.to(dtype=dtype)
+    if base_weights == "fp8":
+        # Convolutions stay as they are: under gradient checkpointing their recomputed forward saw the float8
+        # weight (torch's CheckpointError), Linear layers do not. UNets keep their ResNet convolutions in the
+        # plan's precision; transformers (FLUX, SD3) are nearly all Linear.
+        module.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=dtype,
+                                        skip_modules_classes=(torch.nn.Conv2d,))
+    elif base_weights == "nf4":
+        store_linear_weights_nf4(module, device)
+    else:
+        raise ValueError(f"unknown model.base_weights {base_weights!r}")
+    module.to(device)  # what was not quantized; stored weights keep their storage dtype
+
+
+NF4_BLOCK = 64  # weights per absmax scale, as in QLoRA and bitsandbytes
+
+
+def nf4_scaler_block(numel: int) -> int | None:
+    """torchao quantizes the per-block scales again in groups ("double quantization"): the group size must divide
+    the number of blocks. 256 (QLoRA's) for real layers; a smaller power of two for the odd small layer (tiny
+    test models). None: this weight cannot be stored as NF4 and stays as it is."""
+    if numel % NF4_BLOCK:
+        return None
+    blocks = numel // NF4_BLOCK
+    return next((size for size in (256, 128, 64, 32, 16, 8, 4, 2) if blocks % size == 0), None)
+
+
+def store_linear_weights_nf4(module: torch.nn.Module, device: torch.device) -> int:
+    """Replace every eligible frozen Linear weight of `module` by a 4-bit NF4Tensor on `device` (quantized there, one
+    layer at a time); returns how many. The NF4 tensor keeps its original dtype for dequantization (the plan's
+    precision), so matmuls run as before."""
+    try:
+        from torchao.quantization import to_nf4
+    except ImportError as err:  # missing, or built for another torch
+        raise UserError("model.base_weights: nf4 needs torchao (PyTorch's quantization library), which could not "
+                        f"be imported here ({err}). Install it with `pip install 'imagetune[nf4]'` (a torchao "
+                        "release made for your torch version), or set model.base_weights=fp8 (8-bit, built in) or "
+                        "default.") from None
+    stored = 0
+    for layer in module.modules():
+        weight = getattr(layer, "weight", None)
+        if not isinstance(layer, torch.nn.Linear) or weight is None or weight.requires_grad:
+            continue
+        scaler_block = nf4_scaler_block(weight.numel())
+        if scaler_block is None or not weight.is_floating_point():
+            continue
+        quantized = to_nf4(weight.detach().to(device), NF4_BLOCK, scaler_block)
+        layer.weight = torch.nn.Parameter(quantized, requires_grad=False)
+        stored += 1
+    return stored
+
+
+def frozen_dtype(precision: str, method: str) -> torch.dtype:
+    """dtype of the frozen base weights: low precision saves memory for LoRA; trained weights stay fp32."""
+    if method == "lora" and precision in ("bf16", "fp16"):
+        return DTYPES[precision]
+    return torch.float32

@@ -1,0 +1,28 @@
+"""Object detection with torchvision detectors (COCO / YOLO data, mAP), as the torch-free side sees it."""
+
+from trainer.families.spec import FamilySpec
+
+SPEC = FamilySpec(
+    name="detection",
+    title="Object detection",
+    implementation="trainer.families.detection.family:DetectionFamily",
+    methods=("full",),
+    method_note="a detector is trained whole; set method=full (LoRA is for the diffusion families)",
+    sharding=("ddp",),
+    sharding_note="a torchvision detector fits on one GPU; use sharding=auto or ddp",
+    section="detection",
+    section_title="Object detection",
+    checks="trainer.families.detection.checks:detection_problems",
+    data_check="trainer.families.detection.data:check_detection_data",
+    resolution_multiple=None,  # checks.py: at least 32, any size (images keep their aspect ratio)
+    bucket_multiple=None,
+    # model.path is an architecture name (architectures.py), not a file.
+    path_keys=("data.path", "detection.images", "detection.val_path", "detection.weights"),
+    path_exceptions={"detection.weights": ("coco", "none")},
+    # The starting weights decide frozen BatchNorm and frozen stages (the optimizer's parameters); the
+    # validation split decides which images train.
+    frozen_on_resume=("detection.weights", "detection.trainable_backbone_layers", "detection.val_path",
+                      "detection.val_fraction", "detection.images"),
+    exports=("output/model.safetensors (final) and output/best.safetensors (best evaluation), with the classes and model config in their metadata: trainer.detect.load_detector reloads them",),
+    demo_assets={"shapes-coco": "trainer.families.detection.demo:ensure_detection_demo"},
+)

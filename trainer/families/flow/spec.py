@@ -1,0 +1,39 @@
+"""SD3/3.5 and FLUX.1: flow-matching transformers, as the torch-free side sees them (trainer.families.spec)."""
+
+from trainer.families.sd.spec import DIFFUSION_FROZEN_ON_RESUME
+from trainer.families.spec import FamilySpec
+
+# Which transformer layers carry LoRA decides the adapter's tensors.
+_FROZEN = DIFFUSION_FROZEN_ON_RESUME + ("flow.lora_targets", "flow.lora_blocks")
+_SECTION = dict(section="flow", section_title="Flow matching (SD3, FLUX)")
+
+SD3 = FamilySpec(
+    name="sd3",
+    title="Stable Diffusion 3 / 3.5",
+    implementation="trainer.families.flow.sd3:SD3Family",
+    checks="trainer.families.components.checks:diffusion_checks",
+    bucket_multiple=16,  # the transformer packs 2x2 latent patches
+    trained_component="transformer",
+    published_parameters=2.03e9,  # SD3/3.5 medium MMDiT
+    published_variants={"large": 8.06e9},
+    frozen_on_resume=_FROZEN,
+    exports=("LoRA: diffusers file and a kohya/ComfyUI file",
+             "full: a diffusers folder and Stability's all-in-one single file"),
+    demo_assets={"tiny-sd3": "trainer.families.flow.demo:ensure_tiny_sd3"},
+    **_SECTION,
+)
+
+FLUX = FamilySpec(
+    name="flux",
+    title="FLUX.1 (dev, schnell)",
+    implementation="trainer.families.flow.flux:FluxFamily",
+    checks="trainer.families.components.checks:diffusion_checks",
+    bucket_multiple=16,
+    trained_component="transformer",
+    published_parameters=11.9e9,  # FLUX.1 dev/schnell transformer
+    frozen_on_resume=_FROZEN,
+    exports=("LoRA: diffusers file and a kohya/ComfyUI file (lora_unet_double_blocks_... keys)",
+             "full: a diffusers folder and BFL's single-file layout"),
+    demo_assets={"tiny-flux": "trainer.families.flow.demo:ensure_tiny_flux"},
+    **_SECTION,
+)

@@ -1,0 +1,23 @@
+"""Stable Diffusion 1.x / 2.x, as the torch-free side sees it (trainer.families.spec)."""
+
+from trainer.families.spec import FamilySpec
+
+# Adapter and trained-part keys shape the checkpoint's tensors; prior.enabled changes what a step trains on.
+DIFFUSION_FROZEN_ON_RESUME = (
+    "lora.rank", "lora.unet_targets", "lora.train_text_encoder", "lora.text_encoder_targets",
+    "full.train_text_encoder", "full.ema", "prior.enabled",
+)
+
+SPEC = FamilySpec(
+    name="sd",
+    title="Stable Diffusion 1.x / 2.x",
+    implementation="trainer.families.sd.family:StableDiffusionFamily",
+    checks="trainer.families.components.checks:diffusion_checks",
+    trained_component="unet",
+    published_parameters=860e6,  # SD 1.x/2.x UNet
+    frozen_on_resume=DIFFUSION_FROZEN_ON_RESUME,
+    exports=("LoRA: output/pytorch_lora_weights.safetensors (diffusers) and a kohya/ComfyUI file",
+             "full: a diffusers folder and an original-layout single file"),
+    demo_assets={"tiny-sd": "trainer.families.sd.demo:ensure_tiny_sd",
+                 "demo-data": "trainer.families.components.tiny_assets:ensure_demo_data"},
+)

@@ -1,0 +1,117 @@
+"""What the torch-free side needs to know about a model family, as data: `FamilySpec`.
+
+The core (config checks, plan, model size, resume, run folder, demo assets) and the web UI read a family's spec
+instead of comparing family names, so adding a family is its folder (a spec, an implementation of
+`trainer.families.protocol.Family`, a demo builder), its presets and tests, and one line in the registry
+(`trainer/families/__init__.py`). A spec imports no torch: the UI process reads it too.
+
+Callables are named as "module:function" strings and imported only when used, so reading a spec never pulls
+in a family's torch-side code.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+# Keys every family's checkpoints depend on: changing one on resume would load state into a different model,
+# optimizer or data order (or, for batch.total, silently change what a step means).
+COMMON_FROZEN_ON_RESUME = (
+    "name", "model.family", "model.path", "model.config", "model.revision", "model.variant", "method", "seed",
+    "batch.total", "data.path", "train.optimizer",
+)
+# The diffusion families' keys that name local files or folders (model.path may also be a hub id or demo://).
+DIFFUSION_PATH_KEYS = ("model.path", "model.config", "data.path", "prior.class_path")
+
+
+def load_object(ref: str) -> Any:
+    """The object a "package.module:name" reference names (imports the module)."""
+    module_name, _, attribute = ref.partition(":")
+    return getattr(importlib.import_module(module_name), attribute)
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """A model family, as the torch-free side sees it. Every field is documentation a maintainer reads."""
+
+    name: str
+    """The `model.family` value."""
+    title: str
+    """How the UI names it, e.g. "Stable Diffusion 1.x / 2.x"."""
+    implementation: str
+    """"module:Class" of the `Family` the worker trains (imported only in the worker: it needs torch)."""
+    methods: tuple[str, ...] = ("lora", "full")
+    """The `method` values it trains; others are refused by validation with the reason in `method_note`."""
+    method_note: str = ""
+    """Why other methods are refused, with the fix (the `method` error says it)."""
+    sharding: tuple[str, ...] = ("ddp", "fsdp", "deepspeed")
+    """The `distributed.sharding` values it supports (`auto` is always accepted)."""
+    sharding_note: str = ""
+    """Why a sharding is missing, said when a preset asks for it."""
+    section: str | None = None
+    """The config section only this family reads (`flow`, `detection`): its UI panel opens for this family."""
+    section_title: str = ""
+    checks: str | None = None
+    """"module:function" (torch-free) `(config, check_paths) -> list[str]`: the family's own config problems."""
+    data_check: str = "trainer.families.spec:check_captioned_images"
+    """"module:function" (torch-free) `(config) -> scan`, run by the launcher before any process starts; raises
+    UserError when the dataset cannot train at all. The scan may carry `items` for the plan's bucket list."""
+    resolution_multiple: int | None = 8
+    """`data.resolution` must be a multiple of this (the VAE's downsampling); None: the family checks it."""
+    bucket_multiple: int | None = 8
+    """Aspect-ratio bucket sides must be multiples of this; None: the family has no buckets."""
+    trained_component: str | None = None
+    """The sub-folder of a diffusers model holding the network a full fine-tune trains (`unet`, `transformer`),
+    measured for the FSDP choice; None: no automatic FSDP."""
+    published_parameters: float | None = None
+    """The trained network's size when the model cannot be measured (a hub id)."""
+    published_variants: dict[str, float] = field(default_factory=dict)
+    """Sizes of named variants: a model path containing the key (`large`) gets that size."""
+    frozen_on_resume: tuple[str, ...] = ()
+    """This family's keys that may not change on resume (besides COMMON_FROZEN_ON_RESUME), with why in a comment
+    where they are declared."""
+    path_keys: tuple[str, ...] = DIFFUSION_PATH_KEYS
+    """Config keys naming local files or folders: made absolute in the run's config, confined in an exposed UI."""
+    path_exceptions: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Values of a path key that are not paths (detection.weights: `coco`, `none`)."""
+    exports: tuple[str, ...] = ()
+    """What output/ holds after a run, for the README and the UI."""
+    demo_assets: dict[str, str] = field(default_factory=dict)
+    """`demo://NAME` -> "module:function" building it once under a root folder and returning {name: path}."""
+
+    def check(self, config, *, check_paths: bool = True) -> list[str]:
+        """This family's config problems (its `checks`, plus methods and sharding it does not support)."""
+        problems = []
+        if config.method not in self.methods:
+            problems.append(f"method: {self.method_note or f'{self.name} trains ' + ' or '.join(self.methods)}"
+                            f" (got {config.method})")
+        if self.checks:
+            problems += load_object(self.checks)(config, check_paths=check_paths)
+        return problems
+
+    def sharding_problem(self, sharding: str) -> str | None:
+        if sharding in self.sharding or sharding in ("auto", "ddp"):
+            return None
+        return (f"distributed.sharding: {sharding} is not available for {self.name}"
+                + (f": {self.sharding_note}" if self.sharding_note else ""))
+
+    def is_path(self, key: str, value) -> bool:
+        """Whether `value` of `key` names a local file or folder (not a hub id, demo asset or keyword)."""
+        return key in self.path_keys and bool(value) and value not in self.path_exceptions.get(key, ())
+
+    def run_data_check(self, config):
+        check: Callable = load_object(self.data_check)
+        return check(config)
+
+
+def check_captioned_images(config):
+    """The diffusion families' data check: a folder of images with captions (trainer.core.data.scan). Returns
+    the scan (the launcher lists its aspect-ratio buckets in the plan)."""
+    from trainer.core.data.scan import require_usable, scan_dataset
+
+    data = config.data
+    scan = scan_dataset(data.path, instance_prompt=data.instance_prompt, caption_extension=data.caption_extension,
+                        resolution=data.resolution)
+    require_usable(scan)
+    return scan
