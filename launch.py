@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def find_preset(name: str) -> str:
-    """A path as given, else `presets/<name>[.yaml]` of this checkout (so `--preset demo` works)."""
+    """A path as given, else `presets/<name>[.yaml]` shipped beside this file (a checkout or the installed
+    package), so `--preset demo` works from any folder."""
     if Path(name).exists():
         return name
     for candidate in (REPO_ROOT / "presets" / name, REPO_ROOT / "presets" / f"{name}.yaml"):
@@ -229,6 +230,11 @@ def start_ui(args) -> int:
         raise
     return ui.main(host=args.host, port=args.port, auth=auth, share=args.share, insecure=args.insecure,
                    runs_dir=args.runs_dir) or 0
+
+
+def cli() -> None:
+    """The `imagetune` command (pyproject's [project.scripts])."""
+    sys.exit(main())
 
 
 if __name__ == "__main__":
