@@ -95,7 +95,7 @@ def run_headless(args) -> int:
 
 
 def resume_headless(args) -> int:
-    from trainer.core.events import EVENTS_FILE
+    from trainer.core.runfolder import EVENTS_FILE
     from trainer.core.resume import resume_run
 
     events = Path(args.resume) / EVENTS_FILE

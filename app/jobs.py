@@ -20,7 +20,8 @@ from trainer.core.config import Config
 from trainer.core.config.validate import parse_devices
 from trainer.errors import UserError
 from trainer.core.hardware import Hardware, probe_in_subprocess
-from trainer.core.runfolder import DEMO_DIR, demo_assets, request_stop
+from trainer.core.assets import DEMO_DIR, demo_assets
+from trainer.core.runfolder import request_stop
 
 log = logging.getLogger("imagetune.app")
 DEFAULT_DEMO = ("tiny-sd", "demo-data")  # what presets/demo.yaml uses: built when the UI starts

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import yaml
 
-from trainer.core.events import EVENTS_FILE, FINAL_TYPES
-from trainer.core.runfolder import CONFIG_FILE, DEMO_DIR, LOG_FILE, PID_FILE, tail_lines
-from trainer.core.stopping import STOP_FILE
+from trainer.core.assets import DEMO_DIR
+from trainer.core.events import FINAL_TYPES
+from trainer.core.runfolder import CONFIG_FILE, EVENTS_FILE, LOG_FILE, PID_FILE, STOP_FILE, RunFolder, tail_lines
 
 RUN_COLUMNS = ["run", "family", "method", "status", "step", "loss", "started"]
 
@@ -62,11 +62,7 @@ CACHE = EventCache()
 
 
 def _pid_alive(run_dir: Path) -> bool:
-    try:
-        os.kill(int((run_dir / PID_FILE).read_text().strip()), 0)
-        return True
-    except (OSError, ValueError):
-        return False
+    return RunFolder(run_dir).is_alive()
 
 
 @dataclass

@@ -226,7 +226,7 @@ def test_a_bad_detection_dataset_is_refused_before_anything_is_created(tmp_path,
 
 def test_demo_dataset_is_deterministic_and_resolved_through_demo_scheme(tmp_path):
     from trainer.families.detection.demo import make_shapes_coco
-    from trainer.core.runfolder import resolve_paths
+    from trainer.core.assets import resolve_paths
 
     one, two = make_shapes_coco(tmp_path / "one", train=12, val=4), make_shapes_coco(tmp_path / "two", train=12, val=4)
     assert (one / "train.json").read_bytes() == (two / "train.json").read_bytes()

@@ -27,7 +27,8 @@ from trainer.core.proctree import kill_tree
 from trainer.core.resume import prepare_resume
 from trainer.core.plan import Plan
 from trainer.core.checkpoint import latest_checkpoint
-from trainer.core.runfolder import create_run_dir, parse_root_cause
+from trainer.core.failures import parse_root_cause
+from trainer.core.runfolder import create_run_dir
 
 REPO = Path(__file__).resolve().parents[1]
 CPU2 = Hardware(cpu_count=2)
@@ -134,7 +135,7 @@ def test_demo_paths_are_resolved_under_the_runs_folder(paths, monkeypatch):
         calls.append(Path(root))
         return {"tiny-sd": paths / "model", "demo-data": paths / "data"}
 
-    monkeypatch.setattr("trainer.core.runfolder.demo_assets", fake_assets)  # the real one builds in a child process
+    monkeypatch.setattr("trainer.core.assets.demo_assets", fake_assets)  # the real one builds in a child process
     config = make_config(paths, model={"path": "demo://tiny-sd"}, data={"path": "demo://demo-data"})
     run_dir, _ = prepare_run(config, paths / "runs", CPU2)
     saved = load_config(run_dir / "config.yaml")

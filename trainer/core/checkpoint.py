@@ -11,9 +11,10 @@ import os
 import re
 import shutil
 from pathlib import Path
+
+from trainer.core.runfolder import CHECKPOINTS_DIR as CHECKPOINTS
 from typing import Callable, NamedTuple
 
-CHECKPOINTS = "checkpoints"
 COMPLETE = "COMPLETE"
 _NAME = re.compile(r"^step-(\d{6,})$")
 

@@ -10,10 +10,11 @@ import json
 import os
 import time
 from pathlib import Path
+
+from trainer.core.runfolder import EVENTS_FILE, RunFolder
 from typing import Iterator
 
 FINAL_TYPES = ("done", "stopped", "failed")
-EVENTS_FILE = "events.jsonl"
 
 
 class EventLog:
@@ -103,11 +104,7 @@ def run_status(run_dir: str | Path) -> str:
     final = final_event(events)
     if final:
         return final["type"]
-    pid_file = Path(run_dir) / "launcher.pid"
-    if pid_file.exists():
-        try:
-            os.kill(int(pid_file.read_text().strip()), 0)
-            return "running"
-        except (OSError, ValueError):
-            return "unknown"
+    folder = RunFolder(Path(run_dir))
+    if folder.pid_file.exists():
+        return "running" if folder.is_alive() else "unknown"
     return "running" if events else "unknown"

@@ -7,7 +7,7 @@ the `failed` event that names the rank and shows its last log lines.
 
 Torch is imported only by `probe()` (when no Hardware is passed in, for a GPU plan) and by the demo-asset
 builder: the web UI passes the Hardware it read from `python -m trainer.core.hardware`, so its process stays
-torch-free. Folder details live in trainer.core.runfolder, resume checks in trainer.core.resume.
+torch-free. Folder details live in trainer.core.runfolder, resume in trainer.core.resume.
 
     run_dir, plan = prepare_run(config, "runs")        # or trainer.core.resume.resume_run(run_dir, [...])
     proc = start_run(run_dir, plan, config)            # proc.request_stop() / proc.kill()
@@ -34,11 +34,9 @@ from trainer.core.events import EventLog, final_event, read_events
 from trainer.core.hardware import Hardware
 from trainer.core.plan import Plan, make_plan
 from trainer.core.proctree import kill_tree
-from trainer.core.runfolder import (
-    CONFIG_FILE, LOG_FILE, LOGS_DIR, PID_FILE, PLAN_FILE, check_run_name, create_run_dir,
-    describe_failure, request_stop, resolve_paths, write_atomic,
-)
-from trainer.core.stopping import STOP_FILE
+from trainer.core.assets import resolve_paths
+from trainer.core.failures import describe_failure
+from trainer.core.runfolder import RunFolder, check_run_name, create_run_dir, write_atomic
 from trainer.families import spec_of
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -106,8 +104,9 @@ def prepare_run(config: Config, runs_dir: str | Path, hw: Hardware | None = None
     config = resolve_paths(config, runs_dir)
     plan = plan.with_buckets(config, check_data(config))
     run_dir = create_run_dir(runs_dir, config.name)
-    write_atomic(run_dir / CONFIG_FILE, to_yaml(config))
-    write_atomic(run_dir / PLAN_FILE, json.dumps(plan.event(), indent=2) + "\n")
+    folder = RunFolder(run_dir)
+    write_atomic(folder.config, to_yaml(config))
+    write_atomic(folder.plan, json.dumps(plan.event(), indent=2) + "\n")
     EventLog(run_dir).emit("plan", **plan.event(), node_rank=config.distributed.node_rank)
     return run_dir, plan
 
@@ -145,7 +144,7 @@ def build_command(
         "--nproc-per-node", str(plan.processes_per_node), "--max-restarts", "0",
         # Per-rank stdout/stderr files under logs/ (read back when a rank dies) and, through --tee, the same
         # lines on torchrun's console (-> train.log) prefixed with the global rank.
-        "--log-dir", str(run_dir / LOGS_DIR), "--redirects", "3", "--tee", "3",
+        "--log-dir", str(RunFolder(run_dir).logs), "--redirects", "3", "--tee", "3",
         *(["--log-line-prefix-template", "[rank${rank}]: "] if _torchrun_has("--log-line-prefix-template") else []),
         "--module", worker_module, str(run_dir),
     ]
@@ -201,7 +200,7 @@ class RunProcess:
 
     def request_stop(self) -> None:
         """Graceful: the workers checkpoint at the next step boundary and end with `stopped`."""
-        request_stop(self.run_dir)
+        RunFolder(self.run_dir).request_stop()
 
     def kill(self, grace_s: float = 10.0) -> None:
         """SIGTERM torchrun (it passes it on to the workers), SIGKILL the whole tree if alive after grace_s."""
@@ -226,7 +225,7 @@ class RunProcess:
             # Global rank 0 (node 0) writes the run's events; this node's folder still needs an ending.
             note = "the run's events, samples, checkpoints and outputs are in node 0's run folder"
             if returncode == 0:
-                kind = "stopped" if (self.run_dir / STOP_FILE).exists() else "done"
+                kind = "stopped" if RunFolder(self.run_dir).stop_file.exists() else "done"
                 extra = {"checkpoint": None} if kind == "stopped" else {"outputs": []}
                 message = f"node {self.node_rank} finished; {note}"
                 return log.emit(kind, node_rank=self.node_rank, message=message, **extra)
@@ -246,7 +245,7 @@ def start_run(
 ) -> RunProcess:
     """Start torchrun for a prepared run folder in its own process group; output is appended to train.log."""
     run_dir = Path(run_dir).resolve()
-    log_path = run_dir / LOG_FILE
+    log_path = RunFolder(run_dir).log
     offset = log_path.stat().st_size if log_path.exists() else 0
     cmd = build_command(run_dir, plan, config, resume, worker_module)
     with open(log_path, "ab") as log:
@@ -256,17 +255,15 @@ def start_run(
             cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=build_env(plan),
             start_new_session=True,  # own process group: killpg reaches every worker, terminal Ctrl-C does not
         )
-    write_atomic(run_dir / PID_FILE, f"{process.pid}\n")
+    RunFolder(run_dir).record_launcher(process.pid)
     return RunProcess(run_dir, plan, process, node_rank=config.distributed.node_rank, log_offset=offset)
 
 
 def kill_run(run_dir: str | Path, grace_s: float = 10.0) -> bool:
     """Kill a run started by another process (e.g. before a GUI restart) through its launcher.pid."""
-    if final_event(read_events(run_dir)) is not None:
-        return False
-    try:
-        pgid = int((Path(run_dir) / PID_FILE).read_text().strip())
-    except (OSError, ValueError):
-        return False
-    kill_tree(pgid, grace_s)
+    folder = RunFolder(Path(run_dir))
+    if final_event(read_events(run_dir)) is not None or not folder.is_alive():
+        return False  # nothing to kill; a recorded pid that now belongs to another process is never signalled
+    pid, _ = folder.launcher()  # type: ignore[misc]  # is_alive() read it
+    kill_tree(pid, grace_s)
     return True

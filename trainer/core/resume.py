@@ -7,7 +7,6 @@ with `--resume <checkpoint>`; the worker restores step, schedule, data order and
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -20,8 +19,7 @@ from trainer.core.events import EventLog, final_event, read_events
 from trainer.core.hardware import Hardware
 from trainer.core.launcher import RunProcess, plan_for
 from trainer.core.plan import Plan
-from trainer.core.runfolder import CONFIG_FILE, PID_FILE, PLAN_FILE, write_atomic
-from trainer.core.stopping import STOP_FILE
+from trainer.core.runfolder import CONFIG_FILE, PID_FILE, RunFolder, write_atomic
 from trainer.errors import UserError
 from trainer.families import spec_of
 from trainer.families.spec import COMMON_FROZEN_ON_RESUME
@@ -53,16 +51,6 @@ def flat(config: Config) -> dict:
     return out
 
 
-def is_running(run_dir: Path) -> bool:
-    if final_event(read_events(run_dir)) is not None:
-        return False
-    try:
-        os.kill(int((run_dir / PID_FILE).read_text().strip()), 0)
-        return True
-    except (OSError, ValueError):
-        return False
-
-
 def prepare_resume(run_dir: str | Path, overrides: Iterable[str] = (), hw: Hardware | None = None) -> ResumePlan:
     """Check that `run_dir` can continue with `overrides` on this machine; raises UserError saying why not."""
     run_dir = Path(run_dir).expanduser().resolve()
@@ -71,7 +59,8 @@ def prepare_resume(run_dir: str | Path, overrides: Iterable[str] = (), hw: Hardw
             f"'{run_dir}' is not a run folder (it has no {CONFIG_FILE}). Pass a folder under runs/, e.g. "
             "--resume runs/my-run."
         )
-    if is_running(run_dir):
+    folder = RunFolder(run_dir)
+    if final_event(read_events(run_dir)) is None and folder.is_alive():
         raise UserError(f"The run in '{run_dir}' is still running (see {PID_FILE}); stop it before resuming it.")
     old = load_config(run_dir / CONFIG_FILE, check_paths=False)
     config = load_config(run_dir / CONFIG_FILE, list(overrides))
@@ -99,7 +88,7 @@ def prepare_resume(run_dir: str | Path, overrides: Iterable[str] = (), hw: Hardw
         )
     plan = plan_for(config, hw)
     try:
-        old_total = json.loads((run_dir / PLAN_FILE).read_text())["total"]
+        old_total = folder.read_plan()["total"]
     except (OSError, ValueError, KeyError):
         old_total = plan.total
     if plan.total != old_total:  # the plan rounds a total that does not divide; a resume must not
@@ -118,9 +107,10 @@ def resume_run(
     with `overrides` (e.g. train.steps=2000 to train longer). See trainer.core.resume for what may change."""
     run_dir = Path(run_dir).expanduser().resolve()
     r = prepare_resume(run_dir, overrides, hw)
-    (run_dir / STOP_FILE).unlink(missing_ok=True)  # left from the stop being resumed; it would stop us at once
-    write_atomic(run_dir / CONFIG_FILE, to_yaml(r.config))
-    write_atomic(run_dir / PLAN_FILE, json.dumps(r.plan.event(), indent=2) + "\n")
+    folder = RunFolder(run_dir)
+    folder.stop_file.unlink(missing_ok=True)  # left from the stop being resumed; it would stop us at once
+    write_atomic(folder.config, to_yaml(r.config))
+    write_atomic(folder.plan, json.dumps(r.plan.event(), indent=2) + "\n")
     EventLog(run_dir).emit(
         "resumed", step=r.checkpoint.step, checkpoint=str(r.checkpoint.path.relative_to(run_dir)),
         changes=r.changes, plan=r.plan.event(), line=r.plan.line(),

@@ -1,43 +1,121 @@
-"""The run folder's files, as the launcher sees them: a fresh folder per run, its self-contained config,
-checkpoints, STOP, and the logs torchrun leaves behind when a rank dies. Torch-free (the demo builder is imported
-only for a `demo://` path), so the web UI can use it too.
+"""The run folder, the one contract between the trainer and every front-end: `RunFolder` knows every file in
+it, and whether the run is alive. Torch-free (the web UI reads run folders through it).
 
-Layout (see DESIGN.md): `config.yaml`, `plan.json`, `events.jsonl`, `train.log`, `launcher.pid`, `logs/`
-(torchrun's per-rank logs), `checkpoints/step-NNNNNN/` (complete when they hold a `COMPLETE` marker), `STOP`.
+    runs/<name>/
+      config.yaml      the fully resolved config          plan.json     the plan (the workers read it)
+      events.jsonl     append-only events (rank 0)        train.log     everything the processes printed
+      launcher.pid     torchrun's pid and start time      logs/         torchrun's per-rank logs
+      samples/         step-NNNNNN-pKK.png                checkpoints/  step-NNNNNN/ (COMPLETE when whole), best/
+      output/          the final artifacts                STOP          a front-end's request for a graceful stop
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import re
-import signal
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.core.config import Config
-from trainer.core.config.validate import DEMO_SCHEME, is_hub_id
 from trainer.errors import UserError
-from trainer.families import demo_builders, spec_of
-from trainer.core.stopping import STOP_FILE
 
 CONFIG_FILE = "config.yaml"
 PLAN_FILE = "plan.json"
+EVENTS_FILE = "events.jsonl"
 LOG_FILE = "train.log"
 PID_FILE = "launcher.pid"
 LOGS_DIR = "logs"
+STOP_FILE = "STOP"
+SAMPLES_DIR = "samples"
+CHECKPOINTS_DIR = "checkpoints"
+OUTPUT_DIR = "output"
+BEST = "best"  # checkpoints/best/: the weights of the best evaluation so far (never pruned, never resumed from)
 
-DEMO_DIR = ".demo"  # under the runs folder: the demo model and data are built there once and shared by runs
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+@dataclass(frozen=True)
+class RunFolder:
+    path: Path
+
+    def __post_init__(self):
+        object.__setattr__(self, "path", Path(self.path))
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    config = property(lambda self: self.path / CONFIG_FILE)
+    plan = property(lambda self: self.path / PLAN_FILE)
+    events = property(lambda self: self.path / EVENTS_FILE)
+    log = property(lambda self: self.path / LOG_FILE)
+    pid_file = property(lambda self: self.path / PID_FILE)
+    logs = property(lambda self: self.path / LOGS_DIR)
+    stop_file = property(lambda self: self.path / STOP_FILE)
+    samples = property(lambda self: self.path / SAMPLES_DIR)
+    checkpoints = property(lambda self: self.path / CHECKPOINTS_DIR)
+    output = property(lambda self: self.path / OUTPUT_DIR)
+    best = property(lambda self: self.path / CHECKPOINTS_DIR / BEST)
+
+    def sample(self, step: int, index: int) -> Path:
+        return self.samples / f"step-{step:06d}-p{index:02d}.png"
+
+    def checkpoint(self, step: int) -> Path:
+        return self.checkpoints / f"step-{step:06d}"
+
+    def read_plan(self) -> dict:
+        return json.loads(self.plan.read_text(encoding="utf-8"))
+
+    def request_stop(self) -> Path:
+        """Ask the workers for a graceful stop (checkpoint, then `stopped`)."""
+        self.stop_file.touch()
+        return self.stop_file
+
+    # ---- the launcher's process ------------------------------------------------------------------------------
+    def record_launcher(self, pid: int) -> None:
+        """launcher.pid: torchrun's pid and its start time, so that a pid reused after a reboot or a container
+        restart is never taken for the run (nor signalled)."""
+        write_atomic(self.pid_file, f"{pid} {process_start_time(pid)}\n")
+
+    def launcher(self) -> tuple[int, str | None] | None:
+        """(pid, start time) from launcher.pid; the start time is None in folders of older versions."""
+        try:
+            fields = self.pid_file.read_text().split()
+            return int(fields[0]), (fields[1] if len(fields) > 1 else None)
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def is_alive(self) -> bool:
+        """Whether the launcher that started this run (torchrun, and so its workers) still runs."""
+        recorded = self.launcher()
+        if recorded is None:
+            return False
+        pid, started = recorded
+        try:
+            os.kill(pid, 0)
+        except PermissionError:
+            pass  # it exists, it is just not ours to signal
+        except OSError:
+            return False
+        current = process_start_time(pid)
+        return started is None or current is None or current == started
+
+
+def process_start_time(pid: int) -> str | None:
+    """The kernel's start time of `pid` (clock ticks since boot, /proc/<pid>/stat field 22); None where /proc
+    does not say (then only the pid is compared)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return data[data.rindex(")") + 2:].split()[19]  # the command name may hold spaces and parentheses
 
 
 def check_run_name(name: str) -> None:
-    # The name becomes a folder (and torchrun's rendezvous id), so slashes, `..` or spaces must not get through.
-    if not _NAME.match(name or ""):
+    # The name becomes a folder (and torchrun's rendezvous id), so slashes, `..`, spaces or a trailing newline
+    # must not get through: the whole string must match.
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise UserError(
             f"Run name {name!r} cannot be used as a folder name. Use letters, digits, '.', '_' and '-' "
             "(starting with a letter or digit), for example name=my-dog-lora."
@@ -75,106 +153,12 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def read_plan(run_dir: str | Path) -> dict:
-    return json.loads((Path(run_dir) / PLAN_FILE).read_text(encoding="utf-8"))
+    return RunFolder(Path(run_dir)).read_plan()
 
 
 def request_stop(run_dir: str | Path) -> Path:
     """Ask the workers for a graceful stop (checkpoint, then `stopped`)."""
-    path = Path(run_dir) / STOP_FILE
-    path.touch()
-    return path
-
-
-_BUILD_DEMO = """import importlib, json, sys
-found = {}
-for spec in sys.argv[2:]:
-    module, function = spec.split(":")
-    found.update(getattr(importlib.import_module(module), function)(sys.argv[1]))
-print(json.dumps({k: str(v) for k, v in found.items()}))"""
-
-
-def demo_assets(root: Path, names=None) -> dict[str, Path]:
-    """Build (once) and locate the offline demo assets `names` (default: all), as registered by the families'
-    specs. Building may need torch and diffusers, so it runs in a child process: the launcher, and the web UI
-    that calls it, stay free of torch."""
-    registry = demo_builders()
-    wanted = registry if names is None else [n for n in names if n in registry]
-    builders = sorted({registry[n] for n in wanted})
-    repo = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
-    result = subprocess.run([sys.executable, "-c", _BUILD_DEMO, str(root), *builders], capture_output=True,
-                            text=True, env=env)
-    if result.returncode != 0:
-        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        raise UserError(f"Could not build the offline demo assets in {root}: {last}")
-    return {name: Path(path) for name, path in json.loads(result.stdout.strip().splitlines()[-1]).items()}
-
-
-def resolve_paths(config: Config, runs_dir: str | Path) -> Config:
-    """A copy of `config` with `demo://NAME` built and resolved, and local paths made absolute, so that the
-    run folder's config.yaml still means the same thing from another working directory (or on resume)."""
-    config = copy.deepcopy(config)
-    spec = spec_of(config.model.family)
-    demo_keys = [k for k in ("model.path", *spec.path_keys) if _get(config, k).startswith(DEMO_SCHEME)]
-    demo_keys = list(dict.fromkeys(demo_keys))
-    if demo_keys:
-        names = [_get(config, key)[len(DEMO_SCHEME):] for key in demo_keys]
-        registry = demo_builders()
-        for key, name in zip(demo_keys, names):
-            if name not in registry:
-                known = ", ".join(f"demo://{a}" for a in registry)
-                raise UserError(f"{key}: unknown demo asset '{name}'; the demo has {known}.")
-        assets = demo_assets(Path(runs_dir).expanduser().resolve() / DEMO_DIR, names)
-        for key, name in zip(demo_keys, names):
-            _set(config, key, str(assets[name]))
-    for key in spec.path_keys:
-        value = _get(config, key)
-        if spec.is_path(key, value) and not value.startswith(DEMO_SCHEME) and not is_hub_id(value):
-            _set(config, key, str(Path(value).expanduser().resolve()))
-    return config
-
-
-def _get(config: Config, key: str):
-    obj = config
-    for part in key.split("."):
-        obj = getattr(obj, part)
-    return obj if obj is not None else ""
-
-
-def _set(config: Config, key: str, value) -> None:
-    *head, last = key.split(".")
-    obj = config
-    for part in head:
-        obj = getattr(obj, part)
-    setattr(obj, last, value)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# What torchrun says when a rank dies
-
-
-@dataclass(frozen=True)
-class RankFailure:
-    rank: int
-    local_rank: int
-    exitcode: int
-
-
-# torchrun's summary: "Root Cause (first observed failure):" then "rank : 1 (local_rank: 1)" and
-# "exitcode : -9 (pid: 123)". Only the root cause names the rank that failed first; the others were stopped.
-_ROOT = re.compile(
-    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*"
-    r"exitcode\s*:\s*(-?\d+)",
-    re.S,
-)
-
-
-def parse_root_cause(text: str) -> RankFailure | None:
-    matches = list(_ROOT.finditer(text))
-    if not matches:
-        return None
-    rank, local_rank, code = matches[-1].groups()
-    return RankFailure(int(rank), int(local_rank), int(code))
+    return RunFolder(Path(run_dir)).request_stop()
 
 
 def tail_lines(path: Path, count: int = 20, max_bytes: int = 64_000) -> list[str]:
@@ -206,65 +190,3 @@ def rank_log_files(run_dir: str | Path, local_rank: int) -> list[Path]:
         return []
     folder = attempts[-1] / str(local_rank)
     return [p for p in (folder / "stderr.log", folder / "stdout.log") if p.is_file()]
-
-
-def _describe_exit(exitcode: int) -> str:
-    if exitcode < 0:
-        try:
-            name = signal.Signals(-exitcode).name
-        except ValueError:
-            name = f"signal {-exitcode}"
-        return f"was killed by {name}"
-    return f"exited with code {exitcode}"
-
-
-def _exit_advice(exitcode: int) -> str:
-    """What a user can do about an exit code, in a sentence."""
-    if exitcode == -signal.SIGKILL:
-        return (
-            "SIGKILL usually means the system ran out of memory (see `dmesg`): lower batch.per_device or "
-            "data.resolution, enable train.gradient_checkpointing, or use fewer processes."
-        )
-    if exitcode in (-signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP):
-        return "Something outside the run stopped it (a kill, a logout, a job scheduler); resume it with --resume."
-    return "Its last log lines below show the error; fix what they name, then resume with --resume or start again."
-
-
-def describe_failure(run_dir: str | Path, returncode: int, log_offset: int = 0, node_rank: int = 0) -> dict:
-    """The fields of the `failed` event for a torchrun that exited without a final event: which rank died
-    and how (from torchrun's summary in this launch's part of train.log), and that rank's last log lines."""
-    run_dir = Path(run_dir)
-    cause = parse_root_cause(_read_from(run_dir / LOG_FILE, log_offset))
-    if cause is not None:
-        where, lines = LOG_FILE, []
-        for path in rank_log_files(run_dir, cause.local_rank):  # stderr first: that is where tracebacks go
-            where, lines = str(path.relative_to(run_dir)), tail_lines(path)
-            if lines:
-                break
-        if not lines:  # no per-rank file (torchrun failed early): the rank's lines tee'd into train.log
-            where = LOG_FILE
-            prefix = f"[rank{cause.rank}]"
-            lines = [line for line in tail_lines(run_dir / LOG_FILE, 400) if line.startswith(prefix)][-20:]
-        reason = (
-            f"Rank {cause.rank} (local rank {cause.local_rank} on node {node_rank}) {_describe_exit(cause.exitcode)}."
-            f" {_exit_advice(cause.exitcode)} Last lines of {where}:\n" + "\n".join(lines or ["(it printed nothing)"])
-        )
-        return {"reason": reason, "rank": cause.rank, "exitcode": cause.exitcode, "log": where}
-    if returncode == 0:
-        head = "The workers exited without reporting how the run ended (no done/stopped event); this is a bug."
-    else:
-        head = (
-            f"torchrun {_describe_exit(returncode)} before any worker reported an error. {_exit_advice(returncode)}"
-            " For a multi-node run, check that every node started and can reach distributed.master_addr:port."
-        )
-    lines = tail_lines(run_dir / LOG_FILE)
-    return {"reason": f"{head} Last lines of {LOG_FILE}:\n" + "\n".join(lines), "exitcode": returncode}
-
-
-def _read_from(path: Path, offset: int, max_bytes: int = 2_000_000) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(offset, os.path.getsize(path) - max_bytes))
-            return f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""

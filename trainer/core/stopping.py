@@ -7,7 +7,8 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-STOP_FILE = "STOP"
+from trainer.core.runfolder import STOP_FILE
+
 
 
 class StopRequest:

@@ -17,21 +17,20 @@ from safetensors.torch import load_file, save_file
 
 from trainer.families.protocol import Evaluates, HasCheckpointMetadata
 from trainer.core.checkpoint import COMPLETE, CHECKPOINTS, CheckpointWriteError, latest_checkpoint, save_checkpoint
+from trainer.core.runfolder import BEST, SAMPLES_DIR as SAMPLES, RunFolder
 
-SAMPLES = "samples"
-BEST = "best"  # checkpoints/best/: the weights of the best evaluation so far (never pruned, never resumed from)
 
 
 def _write_samples(run, step: int, indexed) -> None:
     """(index, caption, image) -> samples/step-NNNNNN-pKK.png and a `sample` event each (rank 0)."""
-    folder = run.run_dir / SAMPLES
-    folder.mkdir(exist_ok=True)
+    run_folder = RunFolder(run.run_dir)
+    run_folder.samples.mkdir(exist_ok=True)
     for i, prompt, image in indexed:
-        name = f"step-{step:06d}-p{i:02d}.png"
-        tmp = folder / f".{name}"
+        path = run_folder.sample(step, i)
+        tmp = path.with_name(f".{path.name}")
         image.save(tmp, format="PNG")
-        tmp.rename(folder / name)  # the UI never shows a half-written PNG
-        run.events.emit("sample", step=step, prompt=prompt, index=i, path=f"{SAMPLES}/{name}")
+        tmp.rename(path)  # the UI never shows a half-written PNG
+        run.events.emit("sample", step=step, prompt=prompt, index=i, path=f"{SAMPLES}/{path.name}")
 
 
 def draw_samples(run) -> None:

@@ -1,0 +1,98 @@
+"""What torchrun says when a rank dies, turned into the `failed` event a person can act on: which rank died
+first and how (from torchrun's summary in this launch's part of train.log) and that rank's last log lines."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainer.core.runfolder import LOG_FILE, rank_log_files, tail_lines
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    rank: int
+    local_rank: int
+    exitcode: int
+
+
+# torchrun's summary: "Root Cause (first observed failure):" then "rank : 1 (local_rank: 1)" and
+# "exitcode : -9 (pid: 123)". Only the root cause names the rank that failed first; the others were stopped.
+_ROOT = re.compile(
+    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*"
+    r"exitcode\s*:\s*(-?\d+)",
+    re.S,
+)
+
+
+def parse_root_cause(text: str) -> RankFailure | None:
+    matches = list(_ROOT.finditer(text))
+    if not matches:
+        return None
+    rank, local_rank, code = matches[-1].groups()
+    return RankFailure(int(rank), int(local_rank), int(code))
+
+
+def _describe_exit(exitcode: int) -> str:
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"was killed by {name}"
+    return f"exited with code {exitcode}"
+
+
+def _exit_advice(exitcode: int) -> str:
+    """What a user can do about an exit code, in a sentence."""
+    if exitcode == -signal.SIGKILL:
+        return (
+            "SIGKILL usually means the system ran out of memory (see `dmesg`): lower batch.per_device or "
+            "data.resolution, enable train.gradient_checkpointing, or use fewer processes."
+        )
+    if exitcode in (-signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP):
+        return "Something outside the run stopped it (a kill, a logout, a job scheduler); resume it with --resume."
+    return "Its last log lines below show the error; fix what they name, then resume with --resume or start again."
+
+
+def describe_failure(run_dir: str | Path, returncode: int, log_offset: int = 0, node_rank: int = 0) -> dict:
+    """The fields of the `failed` event for a torchrun that exited without a final event: which rank died
+    and how (from torchrun's summary in this launch's part of train.log), and that rank's last log lines."""
+    run_dir = Path(run_dir)
+    cause = parse_root_cause(_read_from(run_dir / LOG_FILE, log_offset))
+    if cause is not None:
+        where, lines = LOG_FILE, []
+        for path in rank_log_files(run_dir, cause.local_rank):  # stderr first: that is where tracebacks go
+            where, lines = str(path.relative_to(run_dir)), tail_lines(path)
+            if lines:
+                break
+        if not lines:  # no per-rank file (torchrun failed early): the rank's lines tee'd into train.log
+            where = LOG_FILE
+            prefix = f"[rank{cause.rank}]"
+            lines = [line for line in tail_lines(run_dir / LOG_FILE, 400) if line.startswith(prefix)][-20:]
+        reason = (
+            f"Rank {cause.rank} (local rank {cause.local_rank} on node {node_rank}) {_describe_exit(cause.exitcode)}."
+            f" {_exit_advice(cause.exitcode)} Last lines of {where}:\n" + "\n".join(lines or ["(it printed nothing)"])
+        )
+        return {"reason": reason, "rank": cause.rank, "exitcode": cause.exitcode, "log": where}
+    if returncode == 0:
+        head = "The workers exited without reporting how the run ended (no done/stopped event); this is a bug."
+    else:
+        head = (
+            f"torchrun {_describe_exit(returncode)} before any worker reported an error. {_exit_advice(returncode)}"
+            " For a multi-node run, check that every node started and can reach distributed.master_addr:port."
+        )
+    lines = tail_lines(run_dir / LOG_FILE)
+    return {"reason": f"{head} Last lines of {LOG_FILE}:\n" + "\n".join(lines), "exitcode": returncode}
+
+
+def _read_from(path: Path, offset: int, max_bytes: int = 2_000_000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(offset, os.path.getsize(path) - max_bytes))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
