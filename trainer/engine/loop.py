@@ -40,7 +40,7 @@ def fit(run: Run) -> str:
         assert acc.sync_gradients, "accumulation out of step with the optimizer"
         mean_loss, finite, stop_requested = _reduce_step(losses, run.stop.requested(), acc.device)
         if finite:
-            if not run.sharding.steps_in_backward:  # DeepSpeed clipped and stepped in the last backward
+            if not run.parallel.steps_in_backward:  # DeepSpeed clipped and stepped in the last backward
                 run.amp.unscale(run.optimizer)
                 if cfg.train.max_grad_norm:
                     torch.nn.utils.clip_grad_norm_(run.trainable_params(), cfg.train.max_grad_norm)

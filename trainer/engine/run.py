@@ -6,14 +6,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from trainer.core.config import Config
 from trainer.core.data.stream import BatchStream
 from trainer.core.plan import Plan
-from trainer.engine.parallel.fsdp import Sharding
+from trainer.core.stopping import StopRequest
+from trainer.engine.parallel import Parallelism
 from trainer.engine.precision import Amp
+from trainer.families.protocol import Family
 
 
 @dataclass
@@ -27,29 +30,30 @@ class TrainState:
 
 @dataclass
 class Run:
-    config: object
-    plan: object
-    accelerator: object
-    family: object
+    config: Config
+    plan: Plan
+    accelerator: Any  # accelerate.Accelerator
+    family: Family
     stream: BatchStream
     optimizer: torch.optim.Optimizer
-    scheduler: object
+    scheduler: Any  # torch.optim.lr_scheduler.LRScheduler
     amp: Amp
-    events: object  # EventLog on rank 0, a no-op elsewhere
-    stop: object  # StopRequest
+    events: Any  # EventLog on rank 0, a no-op elsewhere
+    stop: StopRequest
     run_dir: Path
+    # DDP, FSDP or DeepSpeed (trainer.engine.parallel): whole-weight work (samples, checkpoints, outputs) runs in
+    # its `gathered()`
+    parallel: Parallelism
     state: TrainState = field(default_factory=TrainState)
     phase: str = "starting"  # what the processes are doing: named in the failure if a collective times out
-    ema: object = None
-    # FSDP or not (trainer.engine.parallel.fsdp); whole-weight work (samples, checkpoints, outputs) runs in `gathered()`
-    sharding: Sharding = field(default_factory=lambda: Sharding(False, lambda module: module))
+    ema: Any = None  # diffusers' EMAModel when full.ema is on
 
     @property
     def rank(self) -> int:
         return self.accelerator.process_index
 
     def trainable_params(self):
-        return self.sharding.trained_parameters(self.optimizer)
+        return self.parallel.trained_parameters(self.optimizer)
 
 
 class RunFailed(Exception):

@@ -35,12 +35,12 @@ def _write_samples(run, step: int, indexed) -> None:
 
 def draw_samples(run) -> None:
     step = run.state.step
-    if run.sharding.enabled and not run.config.sample.prompts:
+    if run.parallel.shards_weights and not run.config.sample.prompts:
         return  # nothing to draw (only diffusion families shard, and they draw prompts): skip gathering weights
     run.phase = f"rank 0 drawing samples at step {step}"
     # FSDP: rank 0 samples with a gathered copy, in bf16 under a bf16 plan (FLUX: 24 GB, not 48 GB of fp32)
     dtype = torch.bfloat16 if run.plan.precision == "bf16" else torch.float32
-    with run.sharding.gathered(run.accelerator.device, dtype):
+    with run.parallel.gathered(run.accelerator.device, dtype):
         if run.accelerator.is_main_process:
             samples = run.family.render_samples(step)
             _write_samples(run, step, ((i, prompt, image) for i, (prompt, image) in enumerate(samples)))
@@ -60,7 +60,7 @@ def evaluate(run) -> None:
     metrics = family.evaluate(step)
     if metrics:
         run.events.emit("eval", step=step, **metrics)
-    with run.sharding.gathered():
+    with run.parallel.gathered():
         if run.accelerator.is_main_process:
             _write_samples(run, step, family.eval_samples(step))
             if metrics:
@@ -143,11 +143,11 @@ def check_ranks_in_sync(run) -> None:
 
 def save_run_checkpoint(run) -> None:
     step = run.state.step
-    if not run.sharding.enabled:  # under FSDP each rank holds its own shard by design
+    if not run.parallel.shards_weights:  # under FSDP each rank holds its own shard by design
         check_ranks_in_sync(run)
     run.phase = f"writing the checkpoint of step {step}"
-    optimizer_state = run.sharding.optimizer_state(run.optimizer)  # FSDP: gathered from every rank
-    with run.sharding.gathered():
+    optimizer_state = run.parallel.optimizer_state(run.optimizer)  # FSDP: gathered from every rank
+    with run.parallel.gathered():
         if run.accelerator.is_main_process:
             _write_run_checkpoint(run, step, optimizer_state)
         run.accelerator.wait_for_everyone()
@@ -181,7 +181,7 @@ def load_run_checkpoint(run, folder) -> None:
     modules, so this runs in two parts: `load_weights` first, then this."""
     state = torch.load(folder / "training_state.pt", map_location="cpu", weights_only=False)
     configured = list(run.scheduler.base_lrs)  # from this launch's config: a resume may change train.lr
-    run.sharding.load_optimizer_state(run.optimizer, state["optimizer"])
+    run.parallel.load_optimizer_state(run.optimizer, state["optimizer"])
     run.scheduler.load_state_dict(state["scheduler"])
     run.scheduler.base_lrs = configured
     with warnings.catch_warnings():

@@ -38,7 +38,7 @@ def setup(run_dir: Path, resume: Path | None):
     from trainer.engine.optim import build_optimizer, build_scheduler
     from trainer.engine.precision import Amp
     from trainer.engine.run_io import load_run_checkpoint, load_weights
-    from trainer.engine.parallel.fsdp import Sharding
+    from trainer.engine.parallel import for_plan
     from trainer.core.stopping import StopRequest
 
     config = load_config(run_dir / "config.yaml", check_paths=False)
@@ -62,11 +62,10 @@ def setup(run_dir: Path, resume: Path | None):
         # cuDNN's fused attention (one of SDPA's backends) crashed FLUX's backward with an illegal memory access on
         # an H200 (torch 2.11, cuDNN 9.19; bench/README.md); flash and memory-efficient attention are as fast.
         torch.backends.cuda.enable_cudnn_sdp(False)
-    deepspeed = plan.sharding == "deepspeed"
-    sharding = Sharding(plan.sharding == "fsdp", acc.unwrap_model)
+    parallel = for_plan(plan, acc)
     ctx = WorkerContext(config=config, plan=plan, run_dir=run_dir, cache_dir=run_dir.parent / ".cache",
                         device=acc.device, rank=acc.process_index, world_size=acc.num_processes,
-                        accelerator=acc, log_warning=log_warning, unwrap=sharding.unwrap)
+                        accelerator=acc, log_warning=log_warning, unwrap=parallel.unwrap)
     family = get_family(config.model.family)(ctx)
     family.load()
     items = family.prepare_data()
@@ -74,8 +73,7 @@ def setup(run_dir: Path, resume: Path | None):
                          per_device=plan.per_device, world_size=plan.world_size, seed=config.seed)
     if resume:
         load_weights(family, resume)  # before DDP wraps the modules (DDP then broadcasts rank 0's weights)
-    if sharding.enabled:  # FSDP replaces the parameters by their shards: before the optimizer takes them
-        family.set_prepared(sharding.shard(family.trainable_modules()))
+    parallel.shard(family)  # FSDP replaces the parameters by their shards: before the optimizer takes them
     optimizer = build_optimizer(family.param_groups(), config.train)
     scheduler = build_scheduler(optimizer, config.train)
     ema = None
@@ -83,24 +81,10 @@ def setup(run_dir: Path, resume: Path | None):
         from diffusers.training_utils import EMAModel
 
         ema = EMAModel([p for g in optimizer.param_groups for p in g["params"]], decay=config.full.ema_decay)
-    if deepspeed:  # the network and the optimizer are prepared together; `optimizer` stays the torch one
-        from trainer.engine.parallel.deepspeed import DeepSpeedZero
-
-        [network] = family.trainable_modules()  # the plan refuses a second trained module
-        sharding = DeepSpeedZero(acc.unwrap_model, [list(g["params"]) for g in optimizer.param_groups])
-        engine, _ = acc.prepare(network, optimizer)
-        if acc.distributed_type.value != "DEEPSPEED":  # accelerate may drop the plugin without a word
-            raise RuntimeError(f"distributed.sharding=deepspeed, but accelerate set up {acc.distributed_type.value}")
-        if acc.is_main_process:
-            print(f"deepspeed: ZeRO stage {plan.zero_stage} across {acc.num_processes} processes", flush=True)
-        family.set_prepared([engine])
-    elif not sharding.enabled:
-        _frozen_weights_stay_local(family.trainable_modules())
-        family.set_prepared(list(acc.prepare(*family.trainable_modules())) if len(family.trainable_modules()) > 1
-                            else [acc.prepare(family.trainable_modules()[0])])
+    parallel.wrap(family, acc, optimizer)  # DDP / DeepSpeed wrap the trainable modules (FSDP: nothing to do)
     run = Run(config=config, plan=plan, accelerator=acc, family=family, stream=stream, optimizer=optimizer,
               scheduler=scheduler, amp=Amp(plan.precision, acc.device.type), events=events, stop=stop,
-              run_dir=run_dir, ema=ema, sharding=sharding)
+              run_dir=run_dir, ema=ema, parallel=parallel)
     family.ema = ema
     if resume:
         load_run_checkpoint(run, resume)
@@ -144,17 +128,6 @@ def _quiet_library_chatter() -> None:
     disable_progress_bars()
 
 
-def _frozen_weights_stay_local(modules) -> None:
-    """DDP broadcasts every parameter from rank 0 when it wraps a module. The frozen ones were loaded from the same
-    files on every rank, so that is pure cost (FLUX: 24 GB at start-up), and gloo cannot send float8 at all
-    (`model.base_weights: fp8`): DDP is told to leave them alone. Trainable ones are still broadcast."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    for module in modules:
-        frozen = [name for name, p in module.named_parameters() if not p.requires_grad]
-        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, frozen)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("run_dir", type=Path)
@@ -180,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                         checkpoint=str(ckpt.path.relative_to(run_dir)) if ckpt else None)
             return 0
         outputs = []
-        with run.sharding.gathered():  # FSDP: every rank gathers the full weights; rank 0 writes them
+        with run.parallel.gathered():  # FSDP: every rank gathers the full weights; rank 0 writes them
             if run.accelerator.is_main_process:
                 run.phase = "rank 0 writing the outputs"
                 outputs = run.family.save_outputs(run_dir / "output", step=run.state.step)

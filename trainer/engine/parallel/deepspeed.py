@@ -15,7 +15,7 @@ of the trainer, and what does not:
   gathers each parameter's optimizer state from its partitions, `load_optimizer_state` scatters it back, so a
   run can stop under DeepSpeed and resume on another number of processes, with or without DeepSpeed.
 
-The interface is trainer.engine.parallel.fsdp.Sharding's, so the loop and run_io need not know which one runs.
+The interface is trainer.engine.parallel.Parallelism, so the loop and run_io need not know which one runs.
 """
 
 from __future__ import annotations
@@ -44,18 +44,31 @@ def deepspeed_config(config, plan) -> dict:
 
 
 class DeepSpeedZero:
-    """trainer.engine.parallel.fsdp.Sharding's interface for a DeepSpeed-prepared network. `params`: the trained parameters
-    in the order the optimizer was built with (its state_dict indices)."""
+    """trainer.engine.parallel.Parallelism for a DeepSpeed-prepared network. `groups`: the trained parameters
+    in the order the optimizer was built with (its state_dict indices), kept before DeepSpeed flattens them."""
 
-    enabled = False  # the weights are whole on every rank: nothing to gather for samples and outputs
+    shards_weights = False  # the weights are whole on every rank: nothing to gather for samples and outputs
     steps_in_backward = True
 
-    def __init__(self, unwrap_model, groups: list[list[torch.nn.Parameter]]):
+    def __init__(self, unwrap_model, zero_stage: int):
         self._unwrap_model = unwrap_model
-        self.groups = groups
+        self.zero_stage = zero_stage
+        self.groups: list[list[torch.nn.Parameter]] = []
 
-    def shard(self, modules):
-        return modules
+    def shard(self, family) -> None:
+        pass
+
+    def wrap(self, family, accelerator, optimizer) -> None:
+        """The network and the optimizer are prepared together; `optimizer` stays the torch one."""
+        [network] = family.trainable_modules()  # the plan refuses a second trained module
+        self.groups = [list(g["params"]) for g in optimizer.param_groups]
+        engine, _ = accelerator.prepare(network, optimizer)
+        if accelerator.distributed_type.value != "DEEPSPEED":  # accelerate may drop the plugin without a word
+            raise RuntimeError(f"distributed.sharding=deepspeed, but accelerate set up "
+                               f"{accelerator.distributed_type.value}")
+        if accelerator.is_main_process:
+            print(f"deepspeed: ZeRO stage {self.zero_stage} across {accelerator.num_processes} processes", flush=True)
+        family.set_prepared([engine])
 
     @contextmanager
     def gathered(self, device=None, dtype=None):

@@ -30,22 +30,27 @@ def _fsdp():
     return FSDPModule, fully_shard
 
 
-class Sharding:
-    """FSDP2 for the trainable modules when `enabled`; otherwise every method is what an unsharded run does."""
+class FSDP:
+    """FSDP2 for the trainable modules (trainer.engine.parallel.Parallelism)."""
 
+    shards_weights = True
     steps_in_backward = False  # the loop clips and steps the optimizer itself (DeepSpeed does it in backward)
 
-    def __init__(self, enabled: bool, unwrap_model):
-        self.enabled = enabled
-        self._unwrap_model = unwrap_model  # the accelerator's, for unsharded modules
+    def __init__(self, unwrap_model):
+        self._unwrap_model = unwrap_model  # the accelerator's, for modules that are not sharded
         self._modules: list[nn.Module] = []
         self._plain: dict[int, nn.Module] | None = None  # id(sharded module) -> plain copy, inside gathered()
 
     # ---- setup --------------------------------------------------------------------------------------------
-    def shard(self, modules: list[nn.Module]) -> list[nn.Module]:
-        """Shard each module in place (its blocks, then the module itself); returns them for the loop."""
-        if not self.enabled:
-            return modules
+    def shard(self, family) -> None:
+        """Shard each trainable module in place (its blocks, then the module itself), before the optimizer takes
+        the parameters, and hand them to the family for the loop."""
+        family.set_prepared(self._shard(family.trainable_modules()))
+
+    def wrap(self, family, accelerator, optimizer) -> None:
+        pass  # FSDP reduce-scatters the gradients itself: no DDP wrapper
+
+    def _shard(self, modules: list[nn.Module]) -> list[nn.Module]:
         _, fully_shard = _fsdp()
         for module in modules:
             units = set(getattr(module, "_no_split_modules", None) or ())
@@ -65,7 +70,7 @@ class Sharding:
         """Every rank enters: the sharded weights are gathered tensor by tensor into full CPU tensors on rank 0
         (so no GPU ever holds the whole fp32 model on top of its shards), where `unwrap` gives plain modules
         built from them: on the CPU for writing files, or moved to `device` in `dtype` for drawing samples."""
-        if not self.enabled or self._plain is not None:
+        if self._plain is not None:
             yield
             return
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -87,12 +92,12 @@ class Sharding:
                 torch.cuda.empty_cache()
 
     def unwrap(self, module: nn.Module) -> nn.Module:
-        """The module to sample with, save or checkpoint: the plain model under DDP; under FSDP (inside
-        `gathered`, on rank 0) a plain copy with the full weights, free of FSDP hooks."""
-        if not (self.enabled and any(module is m for m in self._modules)):
+        """The module to sample with, save or checkpoint: inside `gathered` on rank 0, a plain copy with the full
+        weights, free of FSDP hooks."""
+        if not any(module is m for m in self._modules):
             return self._unwrap_model(module)
         if self._plain is None or id(module) not in self._plain:
-            raise RuntimeError("a sharded module's full weights exist only on rank 0 inside Sharding.gathered()")
+            raise RuntimeError("a sharded module's full weights exist only on rank 0 inside FSDP.gathered()")
         return self._plain[id(module)]
 
     def trained_parameters(self, optimizer) -> list[torch.Tensor]:
@@ -102,8 +107,6 @@ class Sharding:
     # ---- optimizer state in checkpoints -------------------------------------------------------------------
     def optimizer_state(self, optimizer) -> dict | None:
         """Every rank calls this; the full optimizer state in `optimizer.state_dict()` form (rank 0)."""
-        if not self.enabled:
-            return optimizer.state_dict()
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         container = nn.ModuleList(self._modules)
@@ -119,9 +122,6 @@ class Sharding:
         }
 
     def load_optimizer_state(self, optimizer, state: dict) -> None:
-        if not self.enabled:
-            optimizer.load_state_dict(state)
-            return
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         container = nn.ModuleList(self._modules)

@@ -266,7 +266,7 @@ class StableDiffusionFamily:
         try:
             for prompt, seed in zip(prompts, seeds):
                 gen = torch.Generator(self.ctx.device).manual_seed(seed)
-                dtype = pipe.unet.dtype  # the sampling copy's (FSDP: low precision, see Sharding.gathered)
+                dtype = pipe.unet.dtype  # the sampling copy's (FSDP: low precision, see FSDP.gathered)
                 with torch.autocast(self.ctx.device.type, dtype=dtype, enabled=dtype != torch.float32):
                     out = pipe(prompt, negative_prompt=negative_prompt or None, height=size, width=size,
                                num_inference_steps=steps, guidance_scale=guidance_scale, generator=gen)

@@ -167,7 +167,7 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
         try:
             for prompt, seed in zip(prompts, seeds):
                 gen = torch.Generator(device).manual_seed(seed)
-                dtype = pipe.unet.dtype  # the sampling copy's (FSDP: low precision, see Sharding.gathered)
+                dtype = pipe.unet.dtype  # the sampling copy's (FSDP: low precision, see FSDP.gathered)
                 with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
                     latents = pipe(prompt, negative_prompt=negative_prompt or None, height=size, width=size,
                                    num_inference_steps=steps, guidance_scale=guidance_scale, generator=gen,

@@ -1,0 +1,52 @@
+"""DDP: every process holds the whole model; accelerate wraps the trainable modules in
+DistributedDataParallel, which all-reduces their gradients on the last micro-step of each optimizer step."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+from torch import nn
+
+
+class DDP:
+    shards_weights = False
+    steps_in_backward = False
+
+    def __init__(self, unwrap_model):
+        self._unwrap_model = unwrap_model
+
+    def shard(self, family) -> None:
+        pass
+
+    def wrap(self, family, accelerator, optimizer) -> None:
+        modules = family.trainable_modules()
+        _frozen_weights_stay_local(modules)
+        prepared = accelerator.prepare(*modules)
+        family.set_prepared(list(prepared) if len(modules) > 1 else [prepared])
+
+    def gathered(self, device=None, dtype=None):
+        return nullcontext()
+
+    def unwrap(self, module: nn.Module) -> nn.Module:
+        return self._unwrap_model(module)
+
+    def trained_parameters(self, optimizer) -> list[torch.Tensor]:
+        return [p for group in optimizer.param_groups for p in group["params"]]
+
+    def optimizer_state(self, optimizer) -> dict:
+        return optimizer.state_dict()
+
+    def load_optimizer_state(self, optimizer, state: dict) -> None:
+        optimizer.load_state_dict(state)
+
+
+def _frozen_weights_stay_local(modules) -> None:
+    """DDP broadcasts every parameter from rank 0 when it wraps a module. The frozen ones were loaded from the same
+    files on every rank, so that is pure cost (FLUX: 24 GB at start-up), and gloo cannot send float8 at all
+    (`model.base_weights: fp8`): DDP is told to leave them alone. Trainable ones are still broadcast."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    for module in modules:
+        frozen = [name for name, p in module.named_parameters() if not p.requires_grad]
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, frozen)
