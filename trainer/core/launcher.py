@@ -5,9 +5,8 @@ they are stopped through the STOP file, or killed with their whole process tree 
 the launcher writes the first one (`plan`, or `resumed`) and, when the workers die without a final event,
 the `failed` event that names the rank and shows its last log lines.
 
-Torch is imported only by `probe()` (when no Hardware is passed in, for a GPU plan) and by the demo-asset
-builder: the web UI passes the Hardware it read from `python -m trainer.core.hardware`, so its process stays
-torch-free. Folder details live in trainer.core.runfolder, resume in trainer.core.resume.
+Torch is imported only in child processes: the hardware probe (when no Hardware is passed in, for a GPU plan)
+and the demo-asset builder, so this module's callers (launch.py, the web UI) stay torch-free. Folder details live in trainer.core.runfolder, resume in trainer.core.resume.
 
     run_dir, plan = prepare_run(config, "runs")        # or trainer.core.resume.resume_run(run_dir, [...])
     proc = start_run(run_dir, plan, config)            # proc.request_stop() / proc.kill()
