@@ -20,7 +20,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SHIPPED_DIR = REPO_ROOT / "presets"
 HOME_ENV = "IMAGETUNE_HOME"
 DEFAULT_PRESET = "shipped/demo"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # always fullmatch: `$` matches before a final newline
 
 
 def default_home(home: str | Path | None = None, environ=os.environ) -> Path:
@@ -45,7 +45,7 @@ class Presets:
     def path(self, preset_id: str) -> Path:
         kind, _, name = (preset_id or "").partition("/")
         folder = {"shipped": self.shipped_dir, "user": self.user_dir}.get(kind)
-        if folder is None or not _NAME.match(name):
+        if folder is None or not _NAME.fullmatch(name):
             raise UserError(f"Unknown preset {preset_id!r}; pick one from the list.")
         return folder / f"{name}.yaml"
 
@@ -69,7 +69,7 @@ class Presets:
     def save(self, name: str, values: dict) -> str:
         """Write `values` (only what differs from the defaults) as the user preset `name`; return its id."""
         name = (name or "").strip().removesuffix(".yaml")
-        if not _NAME.match(name):
+        if not _NAME.fullmatch(name):
             raise UserError(
                 "A preset name uses letters, digits, '.', '_' and '-' (starting with a letter or digit), "
                 "for example my-dog-lora."

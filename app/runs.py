@@ -8,7 +8,6 @@ terminal), the page shows it, and a browser refresh finds it again.
 from __future__ import annotations
 
 import json
-import os
 import re
 import threading
 import time
@@ -19,6 +18,7 @@ import yaml
 
 from trainer.events import EVENTS_FILE, FINAL_TYPES
 from trainer.runfolder import CONFIG_FILE, DEMO_DIR, LOG_FILE, PID_FILE, tail_lines
+from trainer.runlock import recorded_pid
 from trainer.stopping import STOP_FILE
 
 RUN_COLUMNS = ["run", "family", "method", "status", "step", "loss", "started"]
@@ -51,9 +51,11 @@ class EventCache:
                             break  # half-written: read it next time
                         offset += len(line)
                         try:
-                            events.append(json.loads(line))
-                        except json.JSONDecodeError:
+                            event = json.loads(line)
+                        except ValueError:  # not JSON, or not UTF-8: a torn or foreign line
                             continue
+                        if isinstance(event, dict):
+                            events.append(event)
             self._runs[Path(run_dir)] = (offset, stat.st_ino, events)
             return events
 
@@ -62,11 +64,7 @@ CACHE = EventCache()
 
 
 def _pid_alive(run_dir: Path) -> bool:
-    try:
-        os.kill(int((run_dir / PID_FILE).read_text().strip()), 0)
-        return True
-    except (OSError, ValueError):
-        return False
+    return recorded_pid(run_dir / PID_FILE) is not None
 
 
 @dataclass
@@ -75,7 +73,8 @@ class RunView:
 
     path: Path
     name: str
-    status: str = "unknown"  # running | stopping | finishing | done | stopped | failed | unknown
+    status: str = "unknown"  # running | stopping | finishing | done | stopped | failed | unknown | unreadable
+    problem: str = ""  # why an unreadable run could not be read
     family: str = ""
     method: str = ""
     step: int = 0
@@ -101,23 +100,64 @@ class RunView:
         return self.status in ("running", "stopping", "finishing")
 
 
+class Unreadable(ValueError):
+    """A run folder holds something the page cannot show (wrong types, bad encoding)."""
+
+
 def _config_summary(run_dir: Path) -> dict:
     try:
         data = yaml.safe_load((run_dir / CONFIG_FILE).read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError):
+    except OSError:
         return {}
-    return data if isinstance(data, dict) else {}
+    except (yaml.YAMLError, ValueError) as exc:
+        raise Unreadable(f"{CONFIG_FILE} is not valid YAML/UTF-8 ({' '.join(str(exc).split())[:120]})") from None
+    if not isinstance(data, dict):
+        raise Unreadable(f"{CONFIG_FILE} is not a mapping of keys")
+    return data
+
+
+def _section(config: dict, key: str) -> dict:
+    value = config.get(key) or {}
+    if not isinstance(value, dict):
+        raise Unreadable(f"{CONFIG_FILE}: {key} is not a mapping")
+    return value
+
+
+def _int(value, what: str) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise Unreadable(f"{what} is {value!r}, not a number")
+    return int(value)
+
+
+def _number(value, what: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise Unreadable(f"{what} is {value!r}, not a number")
+    return float(value)
 
 
 def read_run(run_dir: str | Path, cache: EventCache = CACHE) -> RunView:
-    run_dir = Path(run_dir)
+    """The run as the page shows it; a folder holding what no writer of ours writes is `unreadable`, with why,
+    so that one broken (or planted) run folder cannot break the page for every other run."""
+    try:
+        return _read_run(Path(run_dir), cache)
+    except Exception as exc:  # noqa: BLE001 -- any surprise in one folder stays in its own row
+        reason = str(exc) if isinstance(exc, Unreadable) else f"{type(exc).__name__}: {exc}"
+        return RunView(path=Path(run_dir), name=Path(run_dir).name, status="unreadable", problem=reason[:200])
+
+
+def _read_run(run_dir: Path, cache: EventCache) -> RunView:
     view = RunView(path=run_dir, name=run_dir.name)
     config = _config_summary(run_dir)
-    view.family = str((config.get("model") or {}).get("family", ""))
+    view.family = str(_section(config, "model").get("family", ""))
     view.method = str(config.get("method", ""))
-    view.steps = int((config.get("train") or {}).get("steps", 0) or 0)
+    view.steps = _int(_section(config, "train").get("steps"), f"{CONFIG_FILE}: train.steps")
     total = None
     for event in cache.events(run_dir):
+        event = _checked(event)
         kind = event.get("type")
         if view.started is None:
             view.started = event.get("time")
@@ -163,6 +203,30 @@ def read_run(run_dir: str | Path, cache: EventCache = CACHE) -> RunView:
     elif view.started is not None and time.time() - view.started < 10 and not (run_dir / PID_FILE).exists():
         view.status = "running"  # prepared a moment ago; torchrun is being started
     return view
+
+
+_NUMBERS = ("time", "loss", "lr", "samples_per_s", "eta_s", "total")
+_INTS = ("step", "steps", "index")
+
+
+def _checked(event: dict) -> dict:
+    """`event` if its fields have the types the page computes with; else Unreadable naming the field."""
+    kind = event.get("type")
+    for key in _NUMBERS:
+        _number(event.get(key), f"{EVENTS_FILE}: a {kind} event's {key}")
+    for key in _INTS:
+        _int(event.get(key), f"{EVENTS_FILE}: a {kind} event's {key}")
+    path = event.get("path") if kind == "sample" else None
+    if path is not None and (not isinstance(path, str) or Path(path).is_absolute() or ".." in Path(path).parts):
+        raise Unreadable(f"{EVENTS_FILE}: a sample event's path is {path!r}, not a file in the run folder")
+    if isinstance(event.get("plan"), dict):
+        _checked(event["plan"])
+    for key in ("plan", "notes", "line", "reason", "message"):
+        value = event.get(key)
+        expected = {"plan": dict, "notes": list}.get(key, str)
+        if value is not None and not isinstance(value, expected):
+            raise Unreadable(f"{EVENTS_FILE}: a {kind} event's {key} is {value!r}")
+    return event
 
 
 def run_dirs(runs_dir: str | Path) -> list[Path]:
@@ -215,7 +279,8 @@ def fmt_time(ts: float | None) -> str:
 
 def run_rows(views: list[RunView]) -> list[list]:
     """Rows of the runs table (RUN_COLUMNS)."""
-    return [[v.name, v.family, v.method, v.status, f"{v.step}/{v.steps}" if v.steps else str(v.step),
+    return [[v.name, v.family, v.method, f"unreadable: {v.problem}" if v.status == "unreadable" else v.status,
+             f"{v.step}/{v.steps}" if v.steps else str(v.step),
              f"{v.loss:.4f}" if v.loss is not None else "", fmt_time(v.started)] for v in views]
 
 

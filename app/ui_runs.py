@@ -183,7 +183,8 @@ def progress_html(view: R.RunView | None) -> str:
 def header_html(view: R.RunView | None) -> str:
     if view is None:
         return ""
-    status = html.escape(STATUS_TEXT.get(view.status, view.status))
+    shown = f"unreadable: {view.problem}" if view.status == "unreadable" else STATUS_TEXT.get(view.status, view.status)
+    status = html.escape(shown)
     what = " · ".join(x for x in (view.family, view.method) if x)
     plan = f'<div class="run-plan">{html.escape(view.plan_line)}</div>' if view.plan_line else ""
     notes = "".join(f"<div class='run-note'>{html.escape(n)}</div>" for n in view.plan_notes)

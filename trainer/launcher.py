@@ -20,15 +20,17 @@ import functools
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from trainer.config import Config, to_yaml
 from trainer.config.validate import parse_devices
+from trainer.errors import UserError
 from trainer.checkpoint import Checkpoint
 from trainer.events import EventLog, final_event, read_events
 from trainer.hardware import Hardware
@@ -38,6 +40,7 @@ from trainer.runfolder import (
     CONFIG_FILE, LOG_FILE, LOGS_DIR, PID_FILE, PLAN_FILE, check_run_name, create_run_dir,
     describe_failure, request_stop, resolve_paths, write_atomic,
 )
+from trainer.runlock import LOCK_FILE, RunLock, parse_identity, recorded_pid, write_identity
 from trainer.stopping import STOP_FILE
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -107,9 +110,16 @@ def prepare_run(config: Config, runs_dir: str | Path, hw: Hardware | None = None
     config = resolve_paths(config, runs_dir)
     plan = plan.with_buckets(config, check_data(config))
     run_dir = create_run_dir(runs_dir, config.name)
-    write_atomic(run_dir / CONFIG_FILE, to_yaml(config))
-    write_atomic(run_dir / PLAN_FILE, json.dumps(plan.event(), indent=2) + "\n")
-    EventLog(run_dir).emit("plan", **plan.event(), node_rank=config.distributed.node_rank)
+    try:
+        RunLock(run_dir).acquire()  # handed to torchrun by start_run, released when its workers end
+        write_atomic(run_dir / CONFIG_FILE, to_yaml(config))
+        write_atomic(run_dir / PLAN_FILE, json.dumps(plan.event(), indent=2) + "\n")
+        EventLog(run_dir).emit("plan", **plan.event(), node_rank=config.distributed.node_rank)
+    except OSError as exc:
+        # A half-made folder would list as a broken run and keep its name taken.
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise UserError(f"Could not write the run folder {run_dir}: {exc.strerror or exc}. Free some space on "
+                        f"{run_dir.parent} (or pick another --runs-dir) and start again.") from None
     return run_dir, plan
 
 
@@ -215,6 +225,7 @@ class RunProcess:
         with self._lock:
             if self._final is None:
                 self._final = self._finish(self.process.returncode)
+                release_lock(self.run_dir, self.process.pid)
         return self._final
 
     def _finish(self, returncode: int) -> dict:
@@ -253,11 +264,17 @@ def start_run(
     with open(log_path, "ab") as log:
         log.write(f"$ {' '.join(cmd)}\n".encode())
         log.flush()
-        process = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=build_env(plan),
-            start_new_session=True,  # own process group: killpg reaches every worker, terminal Ctrl-C does not
-        )
-    write_atomic(run_dir / PID_FILE, f"{process.pid}\n")
+        try:
+            process = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=build_env(plan),
+                start_new_session=True,  # own process group: killpg reaches every worker, terminal Ctrl-C does not
+            )
+        except OSError:
+            release_lock(run_dir, os.getpid())
+            raise
+    # With its start time: a PID reused after a reboot must not make the run look alive, nor be signalled.
+    write_identity(run_dir / PID_FILE, process.pid)
+    write_identity(run_dir / LOCK_FILE, process.pid)  # the lock lives as long as torchrun, even if we do not
     return RunProcess(run_dir, plan, process, node_rank=config.distributed.node_rank, log_offset=offset)
 
 
@@ -265,12 +282,22 @@ def kill_run(run_dir: str | Path, grace_s: float = 10.0) -> bool:
     """Kill a run started by another process (e.g. before a GUI restart) through its launcher.pid."""
     if final_event(read_events(run_dir)) is not None:
         return False
-    try:
-        pgid = int((Path(run_dir) / PID_FILE).read_text().strip())
-    except (OSError, ValueError):
+    pgid = recorded_pid(Path(run_dir) / PID_FILE)
+    if pgid is None:  # ended, or the PID now belongs to another process: signal nobody
         return False
     kill_tree(pgid, grace_s)
     return True
+
+
+def release_lock(run_dir: str | Path, owner: int) -> None:
+    """Remove the run's lock if `owner` holds it (a later launch may own it by now)."""
+    path = Path(run_dir) / LOCK_FILE
+    try:
+        found = parse_identity(path.read_text())
+    except OSError:
+        return
+    if found is not None and found[0] == owner:
+        path.unlink(missing_ok=True)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -278,14 +305,27 @@ def kill_run(run_dir: str | Path, grace_s: float = 10.0) -> bool:
 
 
 def resume_run(
-    run_dir: str | Path, overrides: Iterable[str] = (), worker_module: str = WORKER_MODULE, hw: Hardware | None = None
+    run_dir: str | Path, overrides: Iterable[str] = (), worker_module: str = WORKER_MODULE, hw: Hardware | None = None,
+    approve: Callable[[Config], None] | None = None,
 ) -> RunProcess:
     """Continue a stopped/failed run from its newest complete checkpoint (same step, schedule, data order),
-    with `overrides` (e.g. train.steps=2000 to train longer). See trainer.resume for what may change."""
+    with `overrides` (e.g. train.steps=2000 to train longer). See trainer.resume for what may change.
+    `approve(config)` may raise UserError to refuse the changed config (the web UI's workspace confinement)
+    before anything is written."""
     from trainer.resume import prepare_resume  # it plans with this module's plan_for
 
     run_dir = Path(run_dir).expanduser().resolve()
-    r = prepare_resume(run_dir, overrides, hw)
+    lock = RunLock(run_dir)
+    if not (run_dir / CONFIG_FILE).is_file():
+        prepare_resume(run_dir, overrides, hw)  # says why this is not a run folder; nothing to lock
+    lock.acquire()
+    try:
+        r = prepare_resume(run_dir, overrides, hw)
+        if approve is not None:
+            approve(r.config)
+    except BaseException:
+        lock.release()
+        raise
     (run_dir / STOP_FILE).unlink(missing_ok=True)  # left from the stop being resumed; it would stop us at once
     write_atomic(run_dir / CONFIG_FILE, to_yaml(r.config))
     write_atomic(run_dir / PLAN_FILE, json.dumps(r.plan.event(), indent=2) + "\n")

@@ -7,7 +7,6 @@ with `--resume <checkpoint>`; the worker restores step, schedule, data order and
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -21,6 +20,7 @@ from trainer.launcher import plan_for
 from trainer.plan import Plan
 from trainer.checkpoint import Checkpoint, latest_checkpoint
 from trainer.runfolder import CONFIG_FILE, PID_FILE, PLAN_FILE
+from trainer.runlock import recorded_pid
 
 # Settings a checkpoint was made with: changing them on resume would load state into a different model,
 # optimizer or data order (or, for batch.total, silently change what a step means). Everything else (steps,
@@ -59,11 +59,7 @@ def flat(config: Config) -> dict:
 def is_running(run_dir: Path) -> bool:
     if final_event(read_events(run_dir)) is not None:
         return False
-    try:
-        os.kill(int((run_dir / PID_FILE).read_text().strip()), 0)
-        return True
-    except (OSError, ValueError):
-        return False
+    return recorded_pid(run_dir / PID_FILE) is not None
 
 
 def prepare_resume(run_dir: str | Path, overrides: Iterable[str] = (), hw: Hardware | None = None) -> ResumePlan:

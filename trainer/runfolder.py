@@ -31,12 +31,12 @@ LOGS_DIR = "logs"
 
 DEMO_DIR = ".demo"  # under the runs folder: the demo model and data are built there once and shared by runs
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
 def check_run_name(name: str) -> None:
     # The name becomes a folder (and torchrun's rendezvous id), so slashes, `..` or spaces must not get through.
-    if not _NAME.match(name or ""):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):  # match() would let 'evil\n' through ($)
         raise UserError(
             f"Run name {name!r} cannot be used as a folder name. Use letters, digits, '.', '_' and '-' "
             "(starting with a letter or digit), for example name=my-dog-lora."
