@@ -330,7 +330,7 @@ def wire(ctx, t: RunsTab) -> None:
         ctx.jobs.resume(name, (overrides or "").split())
 
     t.resume.click(act(do_resume, "Resumed {name} from its newest checkpoint."),
-                   inputs=[t.select, t.resume_overrides], outputs=[t.message]).then(**then)
+                   inputs=[t.select, t.resume_overrides], outputs=[t.message], api_name="resume").then(**then)
 
     def ask_delete(name):
         if not name:
