@@ -152,9 +152,9 @@ class DetectionFamily:
             metrics, curves = compute_metrics([p for _, p, _ in items], [t for _, _, t in items], self.classes)
             self._curves = (step, curves, metrics)
         if ctx.world_size > 1 and dist.is_available() and dist.is_initialized():
-            box = [metrics]
-            dist.broadcast_object_list(box, src=0)
-            metrics = box[0]
+            from trainer.collectives import broadcast_json
+
+            metrics = broadcast_json(metrics, src=0)  # JSON, not a pickle
         if ctx.rank == 0:
             self._say(f"step {step}: mAP {metrics['map']} mAP50 {metrics['map50']} on {metrics['images']} images")
         return metrics
