@@ -307,7 +307,7 @@ def wire(ctx, t: RunsTab) -> None:
     t.table.select(on_table_select, outputs=[t.select]).then(
         lambda name: refresh(name, {}), inputs=[t.select], outputs=outs, show_progress="hidden")
 
-    ctx.blocks.load(lambda: refresh(pick_default(ctx), {}), outputs=outs, show_progress="hidden")
+    ctx.blocks.load(lambda: refresh(pick_default(ctx), {}), outputs=outs, show_progress="hidden", api_name="runs")
 
     def act(fn, done: str):
         def handler(name, *args):
