@@ -61,6 +61,7 @@ def main(host: str = "127.0.0.1", port: int = 7860, auth: tuple[str, str] | None
          insecure: bool = False, runs_dir: str | Path = "runs", home: str | Path | None = None,
          workspace: str | Path | None = None, inbrowser: bool = False, allowed_origins=(), clock=None) -> int:
     auth = auth_from_env(auth)
+    os.environ.pop("IMAGETUNE_AUTH", None)  # runs started from the UI inherit its environment; not the password
     check_exposure(host, share, auth, insecure)
     ws = Workspace.for_server(host, share, workspace)
     check_runs_dir(runs_dir, ws.root)
