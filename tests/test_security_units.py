@@ -258,42 +258,39 @@ def test_resume_takes_the_run_lock(tmp_path):
     assert refused and not (run / "run.lock").exists() and "steps: 4" in (run / "config.yaml").read_text()
 
 
-def test_pid_files_carry_the_start_time(tmp_path, monkeypatch):
+def test_start_run_records_the_pid_with_its_start_time(tmp_path, monkeypatch):
     from trainer import launcher, runlock
 
     me = os.getpid()
-    assert runlock.start_time(me) > 0
-    pid_file = tmp_path / "launcher.pid"
-    runlock.write_identity(pid_file, me)
-    assert runlock.recorded_pid(pid_file) == me
-    pid_file.write_text(f"{me} {runlock.start_time(me) + 5}\n")  # the PID now belongs to another process
-    assert runlock.recorded_pid(pid_file) is None
-    pid_file.write_text(f"{me}\n")  # an old run folder: PID only
-    assert runlock.recorded_pid(pid_file) == me
+    monkeypatch.setattr(launcher.subprocess, "Popen", lambda *a, **k: type("P", (), {"pid": me})())
+    config = lora_config(image_folder(tmp_path / "data"))
+    launcher.start_run(tmp_path, launcher.plan_for(config), config)
+    assert (tmp_path / "launcher.pid").read_text() == f"{me} {runlock.start_time(me)}\n"
+    assert (tmp_path / "run.lock").read_text() == f"{me} {runlock.start_time(me)}\n"  # held while it runs
+    launcher.release_lock(tmp_path, me)
+    assert not (tmp_path / "run.lock").exists()
+
+
+def test_a_reused_pid_is_neither_running_nor_signalled(tmp_path, monkeypatch):
+    from app.runs import read_run
+    from trainer import launcher, runlock
+
+    me = os.getpid()
+    run = stopped_run(tmp_path, tmp_path)
+    (run / "events.jsonl").write_text('{"type": "plan", "time": 1, "steps": 4}\n')
+    (run / "launcher.pid").write_text(f"{me} {runlock.start_time(me) + 5}\n")  # the PID belongs to another process now
+    signalled = []
+    monkeypatch.setattr(launcher, "kill_tree", lambda pid, grace: signalled.append(pid))
+    assert read_run(run).status == "unknown" and runlock.recorded_pid(run / "launcher.pid") is None
+    assert launcher.kill_run(run) is False and signalled == []
+    (run / "launcher.pid").write_text(f"{me}\n")  # an old run folder: the PID only, still read
+    assert read_run(run).status == "running" and launcher.kill_run(run) is True and signalled == [me]
 
     def denied(pid, sig):
         raise PermissionError(errno.EPERM, "Operation not permitted")
 
-    monkeypatch.setattr(runlock.os, "kill", denied)
-    assert runlock.pid_alive(1) and runlock.recorded_pid(pid_file) == me  # another user's process: alive
-    monkeypatch.undo()
-
-    signalled = []
-    monkeypatch.setattr(launcher, "kill_tree", lambda pid, grace: signalled.append(pid))
-    pid_file.write_text(f"{me} {runlock.start_time(me) + 5}\n")
-    assert launcher.kill_run(tmp_path) is False and signalled == []
-
-
-def test_a_reused_pid_does_not_keep_a_run_running(tmp_path):
-    from app.runs import read_run
-    from trainer import runlock
-
-    run = stopped_run(tmp_path, tmp_path)
-    (run / "events.jsonl").write_text('{"type": "plan", "time": 1, "steps": 4}\n')
-    (run / "launcher.pid").write_text(f"{os.getpid()} {runlock.start_time(os.getpid()) + 1}\n")
-    assert read_run(run).status == "unknown"
-    (run / "launcher.pid").write_text(f"{os.getpid()}\n")
-    assert read_run(run).status == "running"
+    monkeypatch.setattr(os, "kill", denied)  # a run of another user (root in a container): alive, not dead
+    assert read_run(run).status == "running" and runlock.pid_alive(1)
 
 
 # ----------------------------------------------------------------------------------------------------------------
