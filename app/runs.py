@@ -14,8 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
+from app.run_checks import Unreadable, checked_event, config_summary, number_or_zero, section
 from trainer.events import EVENTS_FILE, FINAL_TYPES
 from trainer.runfolder import CONFIG_FILE, DEMO_DIR, LOG_FILE, PID_FILE, tail_lines
 from trainer.runlock import recorded_pid
@@ -100,45 +99,6 @@ class RunView:
         return self.status in ("running", "stopping", "finishing")
 
 
-class Unreadable(ValueError):
-    """A run folder holds something the page cannot show (wrong types, bad encoding)."""
-
-
-def _config_summary(run_dir: Path) -> dict:
-    try:
-        data = yaml.safe_load((run_dir / CONFIG_FILE).read_text(encoding="utf-8")) or {}
-    except OSError:
-        return {}
-    except (yaml.YAMLError, ValueError) as exc:
-        raise Unreadable(f"{CONFIG_FILE} is not valid YAML/UTF-8 ({' '.join(str(exc).split())[:120]})") from None
-    if not isinstance(data, dict):
-        raise Unreadable(f"{CONFIG_FILE} is not a mapping of keys")
-    return data
-
-
-def _section(config: dict, key: str) -> dict:
-    value = config.get(key) or {}
-    if not isinstance(value, dict):
-        raise Unreadable(f"{CONFIG_FILE}: {key} is not a mapping")
-    return value
-
-
-def _int(value, what: str) -> int:
-    if value is None:
-        return 0
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise Unreadable(f"{what} is {value!r}, not a number")
-    return int(value)
-
-
-def _number(value, what: str) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise Unreadable(f"{what} is {value!r}, not a number")
-    return float(value)
-
-
 def read_run(run_dir: str | Path, cache: EventCache = CACHE) -> RunView:
     """The run as the page shows it; a folder holding what no writer of ours writes is `unreadable`, with why,
     so that one broken (or planted) run folder cannot break the page for every other run."""
@@ -151,13 +111,13 @@ def read_run(run_dir: str | Path, cache: EventCache = CACHE) -> RunView:
 
 def _read_run(run_dir: Path, cache: EventCache) -> RunView:
     view = RunView(path=run_dir, name=run_dir.name)
-    config = _config_summary(run_dir)
-    view.family = str(_section(config, "model").get("family", ""))
+    config = config_summary(run_dir)
+    view.family = str(section(config, "model").get("family", ""))
     view.method = str(config.get("method", ""))
-    view.steps = _int(_section(config, "train").get("steps"), f"{CONFIG_FILE}: train.steps")
+    view.steps = number_or_zero(section(config, "train").get("steps"), f"{CONFIG_FILE}: train.steps")
     total = None
     for event in cache.events(run_dir):
-        event = _checked(event)
+        event = checked_event(event)
         kind = event.get("type")
         if view.started is None:
             view.started = event.get("time")
@@ -203,30 +163,6 @@ def _read_run(run_dir: Path, cache: EventCache) -> RunView:
     elif view.started is not None and time.time() - view.started < 10 and not (run_dir / PID_FILE).exists():
         view.status = "running"  # prepared a moment ago; torchrun is being started
     return view
-
-
-_NUMBERS = ("time", "loss", "lr", "samples_per_s", "eta_s", "total")
-_INTS = ("step", "steps", "index")
-
-
-def _checked(event: dict) -> dict:
-    """`event` if its fields have the types the page computes with; else Unreadable naming the field."""
-    kind = event.get("type")
-    for key in _NUMBERS:
-        _number(event.get(key), f"{EVENTS_FILE}: a {kind} event's {key}")
-    for key in _INTS:
-        _int(event.get(key), f"{EVENTS_FILE}: a {kind} event's {key}")
-    path = event.get("path") if kind == "sample" else None
-    if path is not None and (not isinstance(path, str) or Path(path).is_absolute() or ".." in Path(path).parts):
-        raise Unreadable(f"{EVENTS_FILE}: a sample event's path is {path!r}, not a file in the run folder")
-    if isinstance(event.get("plan"), dict):
-        _checked(event["plan"])
-    for key in ("plan", "notes", "line", "reason", "message"):
-        value = event.get(key)
-        expected = {"plan": dict, "notes": list}.get(key, str)
-        if value is not None and not isinstance(value, expected):
-            raise Unreadable(f"{EVENTS_FILE}: a {kind} event's {key} is {value!r}")
-    return event
 
 
 def run_dirs(runs_dir: str | Path) -> list[Path]:

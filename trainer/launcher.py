@@ -40,7 +40,7 @@ from trainer.runfolder import (
     CONFIG_FILE, LOG_FILE, LOGS_DIR, PID_FILE, PLAN_FILE, check_run_name, create_run_dir,
     describe_failure, request_stop, resolve_paths, write_atomic,
 )
-from trainer.runlock import LOCK_FILE, RunLock, parse_identity, recorded_pid, write_identity
+from trainer.runlock import LOCK_FILE, RunLock, recorded_pid, release_lock, write_identity
 from trainer.stopping import STOP_FILE
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -288,16 +288,6 @@ def kill_run(run_dir: str | Path, grace_s: float = 10.0) -> bool:
     kill_tree(pgid, grace_s)
     return True
 
-
-def release_lock(run_dir: str | Path, owner: int) -> None:
-    """Remove the run's lock if `owner` holds it (a later launch may own it by now)."""
-    path = Path(run_dir) / LOCK_FILE
-    try:
-        found = parse_identity(path.read_text())
-    except OSError:
-        return
-    if found is not None and found[0] == owner:
-        path.unlink(missing_ok=True)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -81,6 +81,17 @@ def write_identity(path: Path, pid: int) -> None:
     os.replace(tmp, path)
 
 
+def release_lock(run_dir: str | Path, owner: int) -> None:
+    """Remove the run's lock if `owner` holds it (a later launch may own it by now)."""
+    path = Path(run_dir) / LOCK_FILE
+    try:
+        found = parse_identity(path.read_text())
+    except OSError:
+        return
+    if found is not None and found[0] == owner:
+        path.unlink(missing_ok=True)
+
+
 class RunLock:
     """`with RunLock(run_dir):` or acquire()/release(); `hand_over(pid)` makes another process (torchrun) the owner,
     so the lock stays held for as long as the workers run, even if this launcher goes away."""
