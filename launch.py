@@ -22,7 +22,6 @@ from pathlib import Path
 from trainer.errors import UserError
 
 REPO_ROOT = Path(__file__).resolve().parent
-LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -37,7 +36,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ui = p.add_argument_group("web UI")
     ui.add_argument("--host", default="127.0.0.1")
     ui.add_argument("--port", type=int, default=7860)
-    ui.add_argument("--auth", metavar="USER:PASSWORD", help="require this login")
+    ui.add_argument("--auth", metavar="USER:PASSWORD",
+                    help="require this login; prefer the IMAGETUNE_AUTH environment variable (a command line is "
+                         "visible to every user of the machine through ps)")
+    ui.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
+                    help="also accept requests from pages at this origin (scheme://host[:port], e.g. a proxy's); "
+                         "repeatable; IMAGETUNE_ALLOWED_ORIGINS takes a comma-separated list")
     ui.add_argument("--share", action="store_true", help="also serve through a public Gradio link")
     ui.add_argument("--insecure", action="store_true", help="allow a non-local host or --share without --auth")
     p.add_argument("--worker-module", default="trainer.engine.worker", help=argparse.SUPPRESS)  # tests' fake worker
@@ -210,13 +214,8 @@ def start_ui(args) -> int:
         if not (sep and user and password):
             raise UserError("--auth must look like user:password (both non-empty).")
         auth = (user, password)
-    exposed = args.share or args.host not in LOCAL_HOSTS
-    if exposed and not auth and not args.insecure:
-        raise UserError(
-            f"Serving on {'a public share link' if args.share else args.host} without a login lets anyone who can "
-            "reach it start jobs and read files on this machine. Add --auth user:password, or --insecure if the "
-            "network is trusted."
-        )
+        print("warning: --auth puts the password on the command line, where every user of this machine can read it "
+              "(ps); set IMAGETUNE_AUTH=user:password in the environment instead.", file=sys.stderr)
     try:
         import app.main as ui
     except ModuleNotFoundError as exc:
@@ -228,8 +227,9 @@ def start_ui(args) -> int:
         if exc.name == "gradio":
             raise UserError("The web UI needs gradio: pip install 'imagetune[ui]', then run launch.py again.") from None
         raise
+    # The login (--auth, else IMAGETUNE_AUTH) and the exposure rules are checked by app.main before anything is built.
     return ui.main(host=args.host, port=args.port, auth=auth, share=args.share, insecure=args.insecure,
-                   runs_dir=args.runs_dir) or 0
+                   runs_dir=args.runs_dir, allowed_origins=args.allowed_origin) or 0
 
 
 def cli() -> None:

@@ -70,11 +70,17 @@ def check_values(values: dict, hardware: Callable[[Config], Hardware | None] | H
         result.add(problem)
     if result.problem_count:
         return result
-    for problem in workspace.config_problems(values) if workspace is not None else ():
+    raw_problems = workspace.config_problems(values) if workspace is not None else []
+    for problem in raw_problems:
         result.add(problem)
     try:
         config = load_config(nested(values), check_paths=True)
         result.config = config
+        # What the run would really use: the built config's paths (and what its dataset descriptor names),
+        # multi-node settings; the raw values' problems above are not repeated.
+        for problem in workspace.built_problems(config) if workspace is not None else ():
+            if problem not in raw_problems:
+                result.add(problem)
     except ConfigError as exc:
         for problem in exc.problems:
             result.add(problem)

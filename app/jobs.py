@@ -76,9 +76,10 @@ class HardwareCache:
 
 
 class Jobs:
-    def __init__(self, runs_dir: str | Path, hardware: HardwareCache):
+    def __init__(self, runs_dir: str | Path, hardware: HardwareCache, workspace=None):
         self.runs_dir = Path(runs_dir).expanduser().resolve()
         self.hardware = hardware
+        self.workspace = workspace  # app.security.Workspace: what an exposed UI may run (None: anything)
         self._procs: dict[Path, object] = {}
         self._waiters: dict[Path, threading.Thread] = {}
         self._lock = threading.Lock()
@@ -130,6 +131,7 @@ class Jobs:
 
         if self._demo is not None and not self._demo.done():
             self._demo.result()  # the demo assets are being built: wait rather than build them twice
+        self._approve(config)  # again here: whatever called start, the config it passes is the one that runs
         run_dir, plan = prepare_run(config, self.runs_dir, self.hardware.for_config(config, wait=300))
         self._watch(start_run(run_dir, plan, config))
         return run_dir
@@ -150,8 +152,13 @@ class Jobs:
             if previous.is_alive():
                 raise UserError(f"Run {name} has not finished stopping yet; try Resume again in a moment.")
         hw = self.hardware.get(300)
-        self._watch(resume_run(run_dir, list(overrides), hw=hw))
+        # The changed config is checked like a new run's, before anything is written (the lock is released).
+        self._watch(resume_run(run_dir, list(overrides), hw=hw, approve=self._approve))
         return run_dir
+
+    def _approve(self, config: Config) -> None:
+        if self.workspace is not None:
+            self.workspace.approve(config)
 
     def kill(self, name: str) -> None:
         """Kill without a checkpoint (for a run that does not react to Stop); in the background."""

@@ -1,10 +1,12 @@
 """Serve the web UI: `python launch.py` (see launch.py for the options) calls `main`.
 
-    main(host="127.0.0.1", port=7860, auth=None, share=False, insecure=False, runs_dir="runs")
+    main(host="127.0.0.1", port=7860, auth=None, share=False, insecure=False, runs_dir="runs", allowed_origins=())
 
-Refuses to serve beyond this machine without a login (app.security). Environment variables, for containers:
+Refuses to serve beyond this machine without a login or with a short password (app.security); every request
+passes app.guard first (origin, Host, login back-off, SameSite cookie). Environment variables, for containers:
 IMAGETUNE_AUTH (user:password, when no auth is passed), IMAGETUNE_HOME (user presets: $IMAGETUNE_HOME/presets),
-IMAGETUNE_WORKSPACE (the folder typed paths are confined to when the UI is exposed).
+IMAGETUNE_WORKSPACE (the folder typed paths are confined to when the UI is exposed), IMAGETUNE_ALLOWED_ORIGINS
+(comma-separated origins besides the UI's own, e.g. a proxy's).
 This module imports gradio but never torch; GPUs are probed in a child process.
 """
 
@@ -17,6 +19,9 @@ from pathlib import Path
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # nothing phones home
 
 from app.security import Workspace, auth_from_env, check_exposure
+from trainer.errors import UserError
+
+MAX_UPLOAD = "20mb"  # nothing in the UI takes uploads; a limit keeps Gradio's upload route from filling the disk
 
 
 def _patient_url_ok() -> None:
@@ -42,14 +47,32 @@ def _patient_url_ok() -> None:
     networking.url_ok = url_ok
 
 
+def check_runs_dir(runs_dir: str | Path, workspace_root: Path) -> None:
+    """Gradio serves every file under the runs folder to whoever is logged in: never a whole disk or home."""
+    path = Path(runs_dir).expanduser().resolve()
+    forbidden = {Path("/"): "the root folder", Path.home().resolve(): "your home folder",
+                 workspace_root.resolve(): "the workspace root"}
+    if path in forbidden:
+        raise UserError(f"--runs-dir {runs_dir} is {forbidden[path]}: the UI serves every file in the runs folder, "
+                        "so it must be a folder of its own, e.g. --runs-dir runs (or <workspace>/runs).")
+
+
 def main(host: str = "127.0.0.1", port: int = 7860, auth: tuple[str, str] | None = None, share: bool = False,
          insecure: bool = False, runs_dir: str | Path = "runs", home: str | Path | None = None,
-         workspace: str | Path | None = None, inbrowser: bool = False) -> int:
+         workspace: str | Path | None = None, inbrowser: bool = False, allowed_origins=(), clock=None) -> int:
     auth = auth_from_env(auth)
+    os.environ.pop("IMAGETUNE_AUTH", None)  # runs started from the UI inherit its environment; not the password
     check_exposure(host, share, auth, insecure)
+    ws = Workspace.for_server(host, share, workspace)
+    check_runs_dir(runs_dir, ws.root)
+    from app import guard
+
+    policy = guard.OriginPolicy.build(host, allowed_origins)
+    guard.install(policy, guard.LoginThrottle(clock) if clock else guard.LoginThrottle())
     from app.ui import CSS_PATH, THEME, build_ui, make_context
 
-    ctx = make_context(runs_dir, home, Workspace.for_server(host, share, workspace))
+    ctx = make_context(runs_dir, home, ws)
+    ctx.login = auth is not None
     ctx.jobs.warm_demo()  # builds the offline demo's tiny model in a child process, so the first Start is quick
     blocks = build_ui(ctx)
     _patient_url_ok()
@@ -60,9 +83,9 @@ def main(host: str = "127.0.0.1", port: int = 7860, auth: tuple[str, str] | None
     try:
         blocks.launch(
             server_name=host, server_port=port, auth=auth, share=share, inbrowser=inbrowser,
-            allowed_paths=[str(ctx.runs_dir)], show_error=True, ssr_mode=False, theme=THEME,
+            allowed_paths=[str(ctx.runs_dir)], show_error=True, max_file_size=MAX_UPLOAD, ssr_mode=False, theme=THEME,
             css_paths=[str(CSS_PATH)], footer_links=["gradio", "settings"],
-            auth_message="imagetune: log in with the user and password given to launch.py --auth or IMAGETUNE_AUTH.",
+            auth_message="imagetune: log in with the user and password set in IMAGETUNE_AUTH.",
         )
     finally:
         ctx.jobs.shutdown()

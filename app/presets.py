@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app import forms
-from trainer.core.config.load import read_preset
+from trainer.core.config.load import interpolation_problems, read_preset
 from trainer.errors import UserError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHIPPED_DIR = REPO_ROOT / "presets"
 HOME_ENV = "IMAGETUNE_HOME"
 DEFAULT_PRESET = "shipped/demo"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # always fullmatch: `$` matches before a final newline
 
 
 def default_home(home: str | Path | None = None, environ=os.environ) -> Path:
@@ -45,7 +45,7 @@ class Presets:
     def path(self, preset_id: str) -> Path:
         kind, _, name = (preset_id or "").partition("/")
         folder = {"shipped": self.shipped_dir, "user": self.user_dir}.get(kind)
-        if folder is None or not _NAME.match(name):
+        if folder is None or not _NAME.fullmatch(name):
             raise UserError(f"Unknown preset {preset_id!r}; pick one from the list.")
         return folder / f"{name}.yaml"
 
@@ -66,14 +66,22 @@ class Presets:
             text.append(line.lstrip("#").strip())
         return " ".join(t for t in text if t)
 
-    def save(self, name: str, values: dict) -> str:
-        """Write `values` (only what differs from the defaults) as the user preset `name`; return its id."""
+    def save(self, name: str, values: dict, workspace=None) -> str:
+        """Write `values` (only schema keys, only what differs from the defaults) as the user preset `name`; return
+        its id. Refuses ${...} values and, for an exposed UI (`workspace`), paths outside the workspace: a saved
+        preset is a file in the user's folder that a later run (or a data.path) may read."""
         name = (name or "").strip().removesuffix(".yaml")
-        if not _NAME.match(name):
+        if not _NAME.fullmatch(name):
             raise UserError(
                 "A preset name uses letters, digits, '.', '_' and '-' (starting with a letter or digit), "
                 "for example my-dog-lora."
             )
+        # Unknown keys are dropped: a preset file saved with `train:`/`val:` folders would double as a YOLO data.yaml.
+        values = {k: v for k, v in values.items() if k in forms.SPEC or k == "version"}
+        problems = interpolation_problems(forms.nested(values))
+        problems += workspace.config_problems(values) if workspace is not None else []
+        if problems:
+            raise UserError("Not saved: " + "; ".join(problems) + ".")
         self.user_dir.mkdir(parents=True, exist_ok=True)
         path = self.user_dir / f"{name}.yaml"
         header = f"# {name}: saved from the imagetune web UI. Only settings that differ from the defaults are listed.\n"

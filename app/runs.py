@@ -8,15 +8,13 @@ terminal), the page shows it, and a browser refresh finds it again.
 from __future__ import annotations
 
 import json
-import os
 import re
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
+from app.run_checks import Unreadable, checked_event, config_summary, number_or_zero, section
 from trainer.core.assets import DEMO_DIR
 from trainer.core.events import FINAL_TYPES
 from trainer.core.runfolder import CONFIG_FILE, EVENTS_FILE, LOG_FILE, PID_FILE, STOP_FILE, RunFolder, tail_lines
@@ -51,9 +49,11 @@ class EventCache:
                             break  # half-written: read it next time
                         offset += len(line)
                         try:
-                            events.append(json.loads(line))
-                        except json.JSONDecodeError:
+                            event = json.loads(line)
+                        except ValueError:  # not JSON, or not UTF-8: a torn or foreign line
                             continue
+                        if isinstance(event, dict):
+                            events.append(event)
             self._runs[Path(run_dir)] = (offset, stat.st_ino, events)
             return events
 
@@ -71,7 +71,8 @@ class RunView:
 
     path: Path
     name: str
-    status: str = "unknown"  # running | stopping | finishing | done | stopped | failed | unknown
+    status: str = "unknown"  # running | stopping | finishing | done | stopped | failed | unknown | unreadable
+    problem: str = ""  # why an unreadable run could not be read
     family: str = ""
     method: str = ""
     step: int = 0
@@ -97,23 +98,25 @@ class RunView:
         return self.status in ("running", "stopping", "finishing")
 
 
-def _config_summary(run_dir: Path) -> dict:
-    try:
-        data = yaml.safe_load((run_dir / CONFIG_FILE).read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def read_run(run_dir: str | Path, cache: EventCache = CACHE) -> RunView:
-    run_dir = Path(run_dir)
+    """The run as the page shows it; a folder holding what no writer of ours writes is `unreadable`, with why,
+    so that one broken (or planted) run folder cannot break the page for every other run."""
+    try:
+        return _read_run(Path(run_dir), cache)
+    except Exception as exc:  # noqa: BLE001 -- any surprise in one folder stays in its own row
+        reason = str(exc) if isinstance(exc, Unreadable) else f"{type(exc).__name__}: {exc}"
+        return RunView(path=Path(run_dir), name=Path(run_dir).name, status="unreadable", problem=reason[:200])
+
+
+def _read_run(run_dir: Path, cache: EventCache) -> RunView:
     view = RunView(path=run_dir, name=run_dir.name)
-    config = _config_summary(run_dir)
-    view.family = str((config.get("model") or {}).get("family", ""))
+    config = config_summary(run_dir)
+    view.family = str(section(config, "model").get("family", ""))
     view.method = str(config.get("method", ""))
-    view.steps = int((config.get("train") or {}).get("steps", 0) or 0)
+    view.steps = number_or_zero(section(config, "train").get("steps"), f"{CONFIG_FILE}: train.steps")
     total = None
     for event in cache.events(run_dir):
+        event = checked_event(event)
         kind = event.get("type")
         if view.started is None:
             view.started = event.get("time")
@@ -211,7 +214,8 @@ def fmt_time(ts: float | None) -> str:
 
 def run_rows(views: list[RunView]) -> list[list]:
     """Rows of the runs table (RUN_COLUMNS)."""
-    return [[v.name, v.family, v.method, v.status, f"{v.step}/{v.steps}" if v.steps else str(v.step),
+    return [[v.name, v.family, v.method, f"unreadable: {v.problem}" if v.status == "unreadable" else v.status,
+             f"{v.step}/{v.steps}" if v.steps else str(v.step),
              f"{v.loss:.4f}" if v.loss is not None else "", fmt_time(v.started)] for v in views]
 
 

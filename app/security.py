@@ -3,8 +3,11 @@
 - Serving on a non-loopback address (or through a public share link) without a login is refused, unless the
   user says `--insecure`: anyone who reaches the port could start jobs and read files on the machine.
 - The login may come from `--auth user:password` or, for containers, the IMAGETUNE_AUTH environment variable.
-- When the UI is exposed, every path typed into it (model, data, class images, dataset check) must lie inside
-  the workspace root (IMAGETUNE_WORKSPACE, default: the current folder); hub ids and `demo://` assets are not paths.
+- When the UI is exposed, every path a run would read or write must lie inside the workspace root
+  (IMAGETUNE_WORKSPACE, default: the current folder), checked on the built config (after overrides, symlinks
+  followed) and on what a dataset descriptor (YOLO data.yaml, COCO json) points to; hub ids and `demo://` assets
+  are not paths. Multi-node (a torchrun that connects to a user-chosen address) is refused; it stays a CLI feature.
+- An exposed login needs a password of at least MIN_PASSWORD characters (unless --insecure).
 """
 
 from __future__ import annotations
@@ -17,10 +20,13 @@ from trainer.core.config.validate import DEMO_SCHEME, is_hub_id
 from trainer.errors import UserError
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+MIN_PASSWORD = 12
 AUTH_ENV = "IMAGETUNE_AUTH"
 WORKSPACE_ENV = "IMAGETUNE_WORKSPACE"
-# The config keys that name files or folders on this machine.
-PATH_KEYS = ("model.path", "model.config", "data.path", "prior.class_path")
+# The config keys that name files or folders on this machine (for detection, model.path names an architecture).
+PATH_KEYS = ("model.path", "model.config", "data.path", "prior.class_path", "detection.weights", "detection.images",
+             "detection.val_path")
+NOT_A_PATH = {"detection.weights": ("coco", "none")}
 
 
 def parse_auth(text: str, source: str = "--auth") -> tuple[str, str]:
@@ -43,12 +49,19 @@ def is_exposed(host: str, share: bool) -> bool:
 
 
 def check_exposure(host: str, share: bool, auth, insecure: bool) -> None:
-    """Refuse to serve beyond this machine without a login (unless --insecure)."""
+    """Refuse to serve beyond this machine without a login, or with a guessable password (unless --insecure)."""
+    if is_exposed(host, share) and auth and len(auth[1]) < MIN_PASSWORD and not insecure:
+        raise UserError(
+            f"The password is {len(auth[1])} characters long; a UI reachable from other machines needs at least "
+            f"{MIN_PASSWORD}, or it can be guessed. Set a longer one in {AUTH_ENV}=user:password (for example "
+            "from `python -c 'import secrets; print(secrets.token_urlsafe(16))'`), or pass --insecure if the "
+            "network is trusted.")
     if is_exposed(host, share) and not auth and not insecure:
         where = "a public share link" if share else f"{host} (reachable from other machines)"
         raise UserError(
             f"Refusing to serve the UI on {where} without a login: anyone who reaches it could start jobs and "
-            f"read files on this machine. Add --auth user:password (or set {AUTH_ENV}=user:password), or pass "
+            f"read files on this machine. Set {AUTH_ENV}=user:password in the environment (--auth user:password "
+            "works too, but puts the password where ps shows it), or pass "
             "--insecure if the network is trusted. On this machine only, use the default --host 127.0.0.1."
         )
 
@@ -93,4 +106,59 @@ class Workspace:
         return self.resolve(text)
 
     def config_problems(self, values: dict) -> list[str]:
-        return [p for key in PATH_KEYS if (p := self.problem(key, values.get(key)))]
+        """Problems of the form's raw values (so they are marked at their field even when the config does not
+        build); `built_problems` checks what a run would really use."""
+        family = values.get("model.family")
+        return [p for key in PATH_KEYS if (p := self.problem(key, _path_value(key, values.get(key), family)))]
+
+    def built_problems(self, config) -> list[str]:
+        """Everything an exposed UI refuses in a built Config: paths outside the workspace (its path keys and the
+        files a dataset descriptor names) and multi-node settings."""
+        if not self.confined:
+            return []
+        from app.descriptors import descriptor_paths
+
+        values = {key: _select(config, key) for key in PATH_KEYS}
+        problems = self.config_problems({**values, "model.family": config.model.family})
+        if not problems:
+            for key, text in descriptor_paths(config):
+                if (p := self.problem(key, text)):
+                    problems.append(p)
+                    break  # one is enough to refuse; a big dataset could list thousands
+        return problems + multinode_problems(config)
+
+    def approve(self, config) -> None:
+        """Raise UserError when an exposed UI must not run `config` (see built_problems)."""
+        problems = self.built_problems(config)
+        if problems:
+            raise UserError("Refused: " + "; ".join(problems) + ".")
+
+
+def _select(config, key: str):
+    obj = config
+    for part in key.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def _path_value(key: str, value, family):
+    if key == "model.path" and family == "detection":
+        return None  # an architecture name (its weights are detection.weights)
+    if value in NOT_A_PATH.get(key, ()):
+        return None
+    return value
+
+
+def multinode_problems(config) -> list[str]:
+    """Multi-node makes torchrun connect to distributed.master_addr and exchange objects with it: from a UI anyone
+    can reach, that is a way to make this machine talk to a host of the visitor's choosing. It stays a CLI feature."""
+    d = config.distributed
+    problems = []
+    if d.nodes > 1:
+        problems.append(f"distributed.nodes: {d.nodes} machines is a command-line feature (python launch.py "
+                        "--preset ... distributed.nodes=N on every machine); this UI is reachable from other "
+                        "machines, so it trains on this machine only (nodes: 1)")
+    if str(d.master_addr).strip() not in ("127.0.0.1", "localhost", "::1"):
+        problems.append(f"distributed.master_addr: {d.master_addr!r} is not this machine; this UI only trains "
+                        "on this machine (127.0.0.1)")
+    return problems

@@ -31,6 +31,7 @@ class AppContext:
     jobs: Jobs
     workspace: Workspace
     blocks: gr.Blocks | None = field(default=None)
+    login: bool = False  # the UI has a login: show a way out of it
 
 
 def header_html(hardware_text: str) -> str:
@@ -42,7 +43,10 @@ def header_html(hardware_text: str) -> str:
 def build_ui(ctx: AppContext) -> gr.Blocks:
     with gr.Blocks(title="imagetune", analytics_enabled=False, delete_cache=(3600, 24 * 3600)) as blocks:
         ctx.blocks = blocks
-        header = gr.HTML(header_html(ctx.hardware.describe()))
+        with gr.Row(elem_id="header-row"):
+            header = gr.HTML(header_html(ctx.hardware.describe()), scale=9)
+            if ctx.login:  # Gradio's /logout forgets this browser's session token and cookie
+                gr.Button("Log out", link="/logout", size="sm", scale=0, min_width=90, elem_id="logout-button")
         with gr.Tabs(selected="train", elem_id="tabs") as tabs:
             with gr.Tab("New run", id="train", elem_id="tab-train"):
                 train = ui_train.build(ctx)
@@ -115,5 +119,5 @@ def make_context(runs_dir: str | Path, home: str | Path | None, workspace: Works
     runs_dir = Path(runs_dir).expanduser().resolve()
     runs_dir.mkdir(parents=True, exist_ok=True)
     hardware = hardware or HardwareCache()
-    jobs = Jobs(runs_dir, hardware)
+    jobs = Jobs(runs_dir, hardware, workspace)
     return AppContext(runs_dir, Presets(default_home(home) / "presets"), hardware, jobs, workspace)

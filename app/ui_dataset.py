@@ -56,5 +56,5 @@ def wire(ctx, t: DatasetTab) -> None:
     def handler(*args):
         return run_check(ctx, *args)
 
-    t.check.click(handler, inputs=inputs_of(t), outputs=outputs_of(t))
+    t.check.click(handler, inputs=inputs_of(t), outputs=outputs_of(t), api_name="check_dataset")
     t.path.submit(handler, inputs=inputs_of(t), outputs=outputs_of(t))

@@ -183,7 +183,8 @@ def progress_html(view: R.RunView | None) -> str:
 def header_html(view: R.RunView | None) -> str:
     if view is None:
         return ""
-    status = html.escape(STATUS_TEXT.get(view.status, view.status))
+    shown = f"unreadable: {view.problem}" if view.status == "unreadable" else STATUS_TEXT.get(view.status, view.status)
+    status = html.escape(shown)
     what = " · ".join(x for x in (view.family, view.method) if x)
     plan = f'<div class="run-plan">{html.escape(view.plan_line)}</div>' if view.plan_line else ""
     notes = "".join(f"<div class='run-note'>{html.escape(n)}</div>" for n in view.plan_notes)
@@ -306,7 +307,7 @@ def wire(ctx, t: RunsTab) -> None:
     t.table.select(on_table_select, outputs=[t.select]).then(
         lambda name: refresh(name, {}), inputs=[t.select], outputs=outs, show_progress="hidden")
 
-    ctx.blocks.load(lambda: refresh(pick_default(ctx), {}), outputs=outs, show_progress="hidden")
+    ctx.blocks.load(lambda: refresh(pick_default(ctx), {}), outputs=outs, show_progress="hidden", api_name="runs")
 
     def act(fn, done: str):
         def handler(name, *args):
@@ -329,7 +330,7 @@ def wire(ctx, t: RunsTab) -> None:
         ctx.jobs.resume(name, (overrides or "").split())
 
     t.resume.click(act(do_resume, "Resumed {name} from its newest checkpoint."),
-                   inputs=[t.select, t.resume_overrides], outputs=[t.message]).then(**then)
+                   inputs=[t.select, t.resume_overrides], outputs=[t.message], api_name="resume").then(**then)
 
     def ask_delete(name):
         if not name:

@@ -200,7 +200,7 @@ def wire(ctx, t: TrainTab) -> None:
 
     def on_save(name, values):
         try:
-            preset_id = ctx.presets.save(name, values)
+            preset_id = ctx.presets.save(name, values, ctx.workspace)
         except (UserError, OSError) as exc:
             return gr.skip(), f'<div class="msg-box error">{html.escape(str(exc))}</div>'
         where = ctx.presets.path(preset_id)

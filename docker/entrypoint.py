@@ -8,10 +8,13 @@
     --healthcheck                   Docker's HEALTHCHECK: is the web UI answering?
 
 Environment (all optional except a login for the web UI):
-    IMAGETUNE_AUTH=user:password              the web UI's login, or
+    IMAGETUNE_AUTH=user:password              the web UI's login (passed on to launch.py in its environment, never
+                                              on its command line), or
     IMAGETUNE_USERNAME / IMAGETUNE_PASSWORD   the same in two variables (username defaults to `admin`)
     IMAGETUNE_INSECURE=1                      serve without a login (only on a network you trust)
     IMAGETUNE_PORT (7860), IMAGETUNE_HOST (0.0.0.0)
+    IMAGETUNE_ALLOWED_ORIGINS                 origins besides the UI's own whose pages may call it (comma-separated);
+                                              on RunPod (RUNPOD_POD_ID set) its proxy's origin is added
     IMAGETUNE_WORKSPACE (/workspace)          everything kept: runs/, datasets/, imagetune/ (IMAGETUNE_HOME, user
                                               presets in its presets/), hf-cache/ (HF_HOME)
     IMAGETUNE_UID[:GID] / IMAGETUNE_GID       whom to run as (default: the owner of the workspace, see below)
@@ -174,7 +177,8 @@ def plan(args: list[str], env: dict[str, str]) -> Plan:
                      DEFAULT_PORT] + runs
     has_flag = {a.split("=", 1)[0] for a in args}
     if login and "--auth" not in has_flag:
-        argv += ["--auth", login]
+        # Through the environment, never as --auth: a command line is readable by every user of the machine (ps).
+        extra_env["IMAGETUNE_AUTH"] = login
     elif not login and not has_flag & {"--auth", "--insecure"}:
         if env.get("IMAGETUNE_INSECURE", "").strip().lower() in TRUE:
             argv.append("--insecure")
@@ -186,6 +190,11 @@ def plan(args: list[str], env: dict[str, str]) -> Plan:
                 "variables), or set IMAGETUNE_INSECURE=1 if the network is trusted. Headless runs need no login: "
                 "pass --preset PRESET [KEY=VALUE ...]."
             )
+    pod = env.get("RUNPOD_POD_ID", "").strip()
+    if pod:  # RunPod's HTTP proxy serves the pod's port at this origin: its pages may call the UI
+        proxy = f"https://{pod}-{ui_port(args, env)}.proxy.runpod.net"
+        listed = [o for o in env.get("IMAGETUNE_ALLOWED_ORIGINS", "").split(",") if o.strip()]
+        extra_env["IMAGETUNE_ALLOWED_ORIGINS"] = ",".join(listed + [proxy])
     return Plan("ui", argv + list(args), login=(login or "").partition(":")[0] or None, env=extra_env)
 
 
@@ -428,6 +437,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"imagetune: {exc}", file=sys.stderr)
         return 2
     run_env = {**env, **chosen.env}
+    if chosen.mode == "ui":  # the login now travels as IMAGETUNE_AUTH alone
+        run_env.pop("IMAGETUNE_USERNAME", None)
+        run_env.pop("IMAGETUNE_PASSWORD", None)
     drop = as_root and uid != 0
     if drop:
         for path in created:

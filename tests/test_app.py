@@ -406,7 +406,9 @@ def test_serving_beyond_this_machine_needs_a_login():
     for host, share in (("0.0.0.0", False), ("192.168.1.5", False), ("127.0.0.1", True)):
         with pytest.raises(UserError, match="--auth user:password"):
             check_exposure(host, share, None, False)
-        check_exposure(host, share, ("u", "p"), False)
+        check_exposure(host, share, ("u", "a-long-password"), False)
+        with pytest.raises(UserError, match="at least 12"):
+            check_exposure(host, share, ("u", "p"), False)  # guessable: tests/test_security.py tries more
         check_exposure(host, share, None, True)  # --insecure: the user said the network is trusted
     assert auth_from_env(None, {"IMAGETUNE_AUTH": "ann:secret"}) == ("ann", "secret")
     assert auth_from_env(("a", "b"), {"IMAGETUNE_AUTH": "ann:secret"}) == ("a", "b")

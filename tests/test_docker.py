@@ -44,6 +44,9 @@ echo "hf_home=$HF_HOME"
 echo "imagetune_home=$IMAGETUNE_HOME"
 echo "workspace=$IMAGETUNE_WORKSPACE"
 echo "home=$HOME"
+echo "auth=$IMAGETUNE_AUTH"
+echo "password=$IMAGETUNE_PASSWORD"
+echo "origins=$IMAGETUNE_ALLOWED_ORIGINS"
 echo "--"
 for a in "$@"; do printf '%s\\n' "$a"; done
 """
@@ -245,18 +248,30 @@ def run_entrypoint(args, workspace, stub, **env_vars):
 def test_ui_with_imagetune_auth(sandbox):
     root, stub = sandbox
     ws = root / "ws"
-    proc, _, argv, _, err = run_entrypoint([], ws, stub, IMAGETUNE_AUTH="me:se:cret")
+    proc, info, argv, _, err = run_entrypoint([], ws, stub, IMAGETUNE_AUTH="me:se:cret")
     assert proc.returncode == 0, err
-    assert argv == ["--host", "0.0.0.0", "--port", "7860", "--runs-dir", f"{ws}/runs", "--auth", "me:se:cret"]
+    # The login reaches launch.py in its environment: a command line is visible to every user (ps).
+    assert argv == ["--host", "0.0.0.0", "--port", "7860", "--runs-dir", f"{ws}/runs"]
+    assert info["auth"] == "me:se:cret" and not any("se:cret" in a for a in argv)
     assert "login: me" in err and "se:cret" not in err  # the password is never printed
+
+
+def test_runpods_proxy_origin_is_allowed(sandbox):
+    root, stub = sandbox
+    _, info, _, _, _ = run_entrypoint([], root / "ws", stub, IMAGETUNE_AUTH="me:pw", RUNPOD_POD_ID="abc123",
+                                      IMAGETUNE_ALLOWED_ORIGINS="https://mine.example")
+    assert info["origins"] == "https://mine.example,https://abc123-7860.proxy.runpod.net"
+    _, info, _, _, _ = run_entrypoint([], root / "ws", stub, IMAGETUNE_AUTH="me:pw")
+    assert info["origins"] == ""
 
 
 def test_ui_with_username_and_password_variables(sandbox):
     root, stub = sandbox
-    _, _, argv, _, _ = run_entrypoint([], root / "ws", stub, IMAGETUNE_USERNAME="ann", IMAGETUNE_PASSWORD="pw")
-    assert argv[-2:] == ["--auth", "ann:pw"]
-    _, _, argv, _, _ = run_entrypoint([], root / "ws", stub, IMAGETUNE_PASSWORD="pw", IMAGETUNE_PORT="8000")
-    assert argv == ["--host", "0.0.0.0", "--port", "8000", "--runs-dir", f"{root}/ws/runs", "--auth", "admin:pw"]
+    _, info, argv, _, _ = run_entrypoint([], root / "ws", stub, IMAGETUNE_USERNAME="ann", IMAGETUNE_PASSWORD="pw")
+    assert info["auth"] == "ann:pw" and info["password"] == "" and "--auth" not in argv
+    _, info, argv, _, _ = run_entrypoint([], root / "ws", stub, IMAGETUNE_PASSWORD="pw", IMAGETUNE_PORT="8000")
+    assert argv == ["--host", "0.0.0.0", "--port", "8000", "--runs-dir", f"{root}/ws/runs"]
+    assert info["auth"] == "admin:pw"
 
 
 def test_ui_without_auth_is_refused(sandbox):
@@ -292,8 +307,9 @@ def test_ui_insecure(sandbox):
 def test_ui_with_extra_launch_flags(sandbox):
     root, stub = sandbox
     ws = root / "ws"
-    _, _, argv, _, _ = run_entrypoint(["--share"], ws, stub, IMAGETUNE_AUTH="me:pw")
-    assert argv == ["--host", "0.0.0.0", "--port", "7860", "--runs-dir", f"{ws}/runs", "--auth", "me:pw", "--share"]
+    _, info, argv, _, _ = run_entrypoint(["--share"], ws, stub, IMAGETUNE_AUTH="me:pw")
+    assert argv == ["--host", "0.0.0.0", "--port", "7860", "--runs-dir", f"{ws}/runs", "--share"]
+    assert info["auth"] == "me:pw"
     # an explicit --auth on the command line counts as a login
     proc, _, argv, _, _ = run_entrypoint(["--auth", "x:y"], ws, stub)
     assert proc.returncode == 0 and argv[-2:] == ["--auth", "x:y"]

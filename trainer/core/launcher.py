@@ -19,12 +19,13 @@ import functools
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from trainer.core.config import Config, to_yaml
 from trainer.core.config.validate import parse_devices
@@ -36,6 +37,8 @@ from trainer.core.proctree import kill_tree
 from trainer.core.assets import resolve_paths
 from trainer.core.failures import describe_failure
 from trainer.core.runfolder import RunFolder, check_run_name, create_run_dir, write_atomic
+from trainer.core.runlock import RunLock, release_lock, write_identity
+from trainer.errors import UserError
 from trainer.families import spec_of
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -104,9 +107,16 @@ def prepare_run(config: Config, runs_dir: str | Path, hw: Hardware | None = None
     plan = plan.with_buckets(config, check_data(config))
     run_dir = create_run_dir(runs_dir, config.name)
     folder = RunFolder(run_dir)
-    write_atomic(folder.config, to_yaml(config))
-    write_atomic(folder.plan, json.dumps(plan.event(), indent=2) + "\n")
-    EventLog(run_dir).emit("plan", **plan.event(), node_rank=config.distributed.node_rank)
+    try:
+        RunLock(run_dir).acquire()  # handed to torchrun by start_run, released when its workers end
+        write_atomic(folder.config, to_yaml(config))
+        write_atomic(folder.plan, json.dumps(plan.event(), indent=2) + "\n")
+        EventLog(run_dir).emit("plan", **plan.event(), node_rank=config.distributed.node_rank)
+    except OSError as exc:
+        # A half-made folder would list as a broken run and keep its name taken.
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise UserError(f"Could not write the run folder {run_dir}: {exc.strerror or exc}. Free some space on "
+                        f"{run_dir.parent} (or pick another --runs-dir) and start again.") from None
     return run_dir, plan
 
 
@@ -212,6 +222,7 @@ class RunProcess:
         with self._lock:
             if self._final is None:
                 self._final = self._finish(self.process.returncode)
+                release_lock(self.run_dir, self.process.pid)
         return self._final
 
     def _finish(self, returncode: int) -> dict:
@@ -250,19 +261,24 @@ def start_run(
     with open(log_path, "ab") as log:
         log.write(f"$ {' '.join(cmd)}\n".encode())
         log.flush()
-        process = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=build_env(plan),
-            start_new_session=True,  # own process group: killpg reaches every worker, terminal Ctrl-C does not
-        )
-    RunFolder(run_dir).record_launcher(process.pid)
+        try:
+            process = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=build_env(plan),
+                start_new_session=True,  # own process group: killpg reaches every worker, terminal Ctrl-C does not
+            )
+        except OSError:
+            release_lock(run_dir, os.getpid())
+            raise
+    folder = RunFolder(run_dir)
+    folder.record_launcher(process.pid)  # with its start time (trainer.core.runlock)
+    write_identity(folder.lock, process.pid)  # the lock lives as long as torchrun, even if we do not
     return RunProcess(run_dir, plan, process, node_rank=config.distributed.node_rank, log_offset=offset)
 
 
 def kill_run(run_dir: str | Path, grace_s: float = 10.0) -> bool:
     """Kill a run started by another process (e.g. before a GUI restart) through its launcher.pid."""
-    folder = RunFolder(Path(run_dir))
-    if final_event(read_events(run_dir)) is not None or not folder.is_alive():
+    pid = RunFolder(Path(run_dir)).launcher_pid()
+    if final_event(read_events(run_dir)) is not None or pid is None:
         return False  # nothing to kill; a recorded pid that now belongs to another process is never signalled
-    pid, _ = folder.launcher()  # type: ignore[misc]  # is_alive() read it
     kill_tree(pid, grace_s)
     return True

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from trainer.core import launcher
 from trainer.core.checkpoint import Checkpoint, latest_checkpoint
@@ -20,6 +20,7 @@ from trainer.core.hardware import Hardware
 from trainer.core.launcher import RunProcess, plan_for
 from trainer.core.plan import Plan
 from trainer.core.runfolder import CONFIG_FILE, PID_FILE, RunFolder, write_atomic
+from trainer.core.runlock import RunLock
 from trainer.errors import UserError
 from trainer.families import spec_of
 from trainer.families.spec import COMMON_FROZEN_ON_RESUME
@@ -102,12 +103,24 @@ def prepare_resume(run_dir: str | Path, overrides: Iterable[str] = (), hw: Hardw
 def resume_run(
     run_dir: str | Path, overrides: Iterable[str] = (), worker_module: str = launcher.WORKER_MODULE,
     hw: Hardware | None = None,
+    approve: Callable[[Config], None] | None = None,
 ) -> RunProcess:
     """Continue a stopped/failed run from its newest complete checkpoint (same step, schedule, data order),
-    with `overrides` (e.g. train.steps=2000 to train longer). See trainer.core.resume for what may change."""
+    with `overrides` (e.g. train.steps=2000 to train longer). See `prepare_resume` for what may change.
+    `approve(config)` may raise UserError to refuse the changed config (the web UI's workspace confinement)
+    before anything is written. The run's lock is held from here until its workers end (trainer.core.runlock)."""
     run_dir = Path(run_dir).expanduser().resolve()
-    r = prepare_resume(run_dir, overrides, hw)
     folder = RunFolder(run_dir)
+    if not folder.config.is_file():
+        prepare_resume(run_dir, overrides, hw)  # says why this is not a run folder; nothing to lock
+    lock = RunLock(run_dir).acquire()
+    try:
+        r = prepare_resume(run_dir, overrides, hw)
+        if approve is not None:
+            approve(r.config)
+    except BaseException:
+        lock.release()
+        raise
     folder.stop_file.unlink(missing_ok=True)  # left from the stop being resumed; it would stop us at once
     write_atomic(folder.config, to_yaml(r.config))
     write_atomic(folder.plan, json.dumps(r.plan.event(), indent=2) + "\n")

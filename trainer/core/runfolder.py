@@ -5,6 +5,7 @@ it, and whether the run is alive. Torch-free (the web UI reads run folders throu
       config.yaml      the fully resolved config          plan.json     the plan (the workers read it)
       events.jsonl     append-only events (rank 0)        train.log     everything the processes printed
       launcher.pid     torchrun's pid and start time      logs/         torchrun's per-rank logs
+      run.lock         the launch that owns the folder (trainer.core.runlock)
       samples/         step-NNNNNN-pKK.png                checkpoints/  step-NNNNNN/ (COMPLETE when whole), best/
       output/          the final artifacts                STOP          a front-end's request for a graceful stop
 """
@@ -17,6 +18,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainer.core.runlock import LOCK_FILE, recorded_pid, write_identity
 from trainer.errors import UserError
 
 CONFIG_FILE = "config.yaml"
@@ -71,45 +73,21 @@ class RunFolder:
         self.stop_file.touch()
         return self.stop_file
 
-    # ---- the launcher's process ------------------------------------------------------------------------------
+    # ---- the launcher's process (identities with start times: trainer.core.runlock) -------------------------
+    lock = property(lambda self: self.path / LOCK_FILE)
+
     def record_launcher(self, pid: int) -> None:
         """launcher.pid: torchrun's pid and its start time, so that a pid reused after a reboot or a container
         restart is never taken for the run (nor signalled)."""
-        write_atomic(self.pid_file, f"{pid} {process_start_time(pid)}\n")
+        write_identity(self.pid_file, pid)
 
-    def launcher(self) -> tuple[int, str | None] | None:
-        """(pid, start time) from launcher.pid; the start time is None in folders of older versions."""
-        try:
-            fields = self.pid_file.read_text().split()
-            return int(fields[0]), (fields[1] if len(fields) > 1 else None)
-        except (OSError, ValueError, IndexError):
-            return None
+    def launcher_pid(self) -> int | None:
+        """torchrun's pid if that very process still runs (the start time matches), else None."""
+        return recorded_pid(self.pid_file)
 
     def is_alive(self) -> bool:
         """Whether the launcher that started this run (torchrun, and so its workers) still runs."""
-        recorded = self.launcher()
-        if recorded is None:
-            return False
-        pid, started = recorded
-        try:
-            os.kill(pid, 0)
-        except PermissionError:
-            pass  # it exists, it is just not ours to signal
-        except OSError:
-            return False
-        current = process_start_time(pid)
-        return started is None or current is None or current == started
-
-
-def process_start_time(pid: int) -> str | None:
-    """The kernel's start time of `pid` (clock ticks since boot, /proc/<pid>/stat field 22); None where /proc
-    does not say (then only the pid is compared)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            data = f.read()
-    except OSError:
-        return None
-    return data[data.rindex(")") + 2:].split()[19]  # the command name may hold spaces and parentheses
+        return self.launcher_pid() is not None
 
 
 def check_run_name(name: str) -> None:

@@ -25,6 +25,36 @@ MIGRATIONS: dict[int, Callable[[dict], dict]] = {}
 _LEAF_KEYS = {name for name, _ in iter_keys()}
 
 
+INTERPOLATION = "${"
+
+
+def interpolation_problems(tree: Any, prefix: str = "") -> list[str]:
+    """`key: ...` for every key or string value holding `${`. OmegaConf would resolve it when the config is built
+    (`${oc.env:TOKEN}` reads the environment, `${other.key}` copies another value), so a value typed into the UI
+    could leak a secret into the run name or move a path outside the workspace: values are data, never code."""
+    problems = []
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            key = f"{prefix}{k}"
+            if INTERPOLATION in str(k):
+                problems.append(f"{key}: a key may not contain '${{'")
+            else:
+                problems += interpolation_problems(v, key + ".")
+    elif isinstance(tree, (list, tuple)):
+        for v in tree:  # a list item is reported under its list's key, where the UI marks it
+            problems += interpolation_problems(v, prefix)
+    elif isinstance(tree, str) and INTERPOLATION in tree:
+        problems.append(f"{prefix.rstrip('.')}: {tree!r} contains '${{', which this trainer does not expand "
+                        "(no ${...} interpolation); type the value itself")
+    return problems
+
+
+def refuse_interpolation(tree: Any, source: str) -> None:
+    problems = interpolation_problems(tree)
+    if problems:
+        raise ConfigError(problems, source)
+
+
 def read_preset(path: str | Path) -> dict:
     """The raw (unvalidated) mapping of a preset file."""
     path = Path(path)
@@ -50,6 +80,7 @@ def parse_overrides(overrides: Iterable[str]) -> dict:
         raise UserError(
             f"Overrides must look like KEY=VALUE (for example train.lr=1e-4); got {', '.join(map(repr, bad))}."
         )
+    refuse_interpolation({o.split("=", 1)[0].strip(): o.split("=", 1)[1] for o in overrides}, "the overrides")
     try:
         return OmegaConf.to_container(OmegaConf.from_dotlist(overrides), resolve=False)  # type: ignore[return-value]
     except OmegaConfBaseException as exc:
@@ -153,8 +184,10 @@ def load_config(
         raw, source = dict(preset), "the preset"
     else:
         raw, source = read_preset(preset), f"preset '{preset}'"
+    refuse_interpolation(raw, source)
     override_tree = parse_overrides(overrides)
-    merged = OmegaConf.to_container(OmegaConf.merge(OmegaConf.create(raw), OmegaConf.create(override_tree)))
+    merged = OmegaConf.to_container(OmegaConf.merge(OmegaConf.create(raw), OmegaConf.create(override_tree)),
+                                    resolve=False)
     merged = migrate(merged, source)  # type: ignore[arg-type]
     config, problems = build_config(merged)
     # Semantic checks run even when some keys were rejected, so the user sees everything in one go; a key

@@ -77,9 +77,9 @@ def build_latent_cache(
                 indices = list(range(chunk * CHUNK, min(count, (chunk + 1) * CHUNK)))
                 tensors = {k: v.detach().float().cpu().contiguous() for k, v in encode(indices).items()}
         if _distributed():
-            box = [tensors]
-            dist.broadcast_object_list(box, src=owner)
-            tensors = box[0]
+            from trainer.families.components.collectives import broadcast_tensors
+
+            tensors = broadcast_tensors(tensors, src=owner)  # safetensors bytes, not a pickle
         if not path.exists():
             _write(path, tensors)
         parts.append(tensors)

@@ -46,9 +46,26 @@ def gather(items: list, world_size: int) -> list:
     """Every process's items, on every process (gloo or NCCL), in rank order."""
     if world_size == 1 or not (dist.is_available() and dist.is_initialized()):
         return list(items)
-    buckets: list = [None] * world_size
-    dist.all_gather_object(buckets, list(items))
-    return [item for bucket in buckets for item in bucket]
+    from trainer.families.components.collectives import all_gather_tensors
+
+    # (index, prediction, target) items as named tensors (no pickles between ranks, see trainer.families.components.collectives)
+    flat = {}
+    for n, (index, pred, target) in enumerate(items):
+        flat[f"{n}.index"] = torch.tensor([index])
+        flat.update({f"{n}.pred.{k}": v for k, v in pred.items()})
+        flat.update({f"{n}.target.{k}": v for k, v in target.items()})
+    out = []
+    for tensors in all_gather_tensors(flat):
+        count = sum(1 for key in tensors if key.endswith(".index"))
+        for n in range(count):
+            parts = {"pred": {}, "target": {}}
+            for key, value in tensors.items():
+                head, _, rest = key.partition(".")
+                if head == str(n) and "." in rest:
+                    part, _, name = rest.partition(".")
+                    parts[part][name] = value
+            out.append((int(tensors[f"{n}.index"].item()), parts["pred"], parts["target"]))
+    return out
 
 
 def _value(x) -> float | None:

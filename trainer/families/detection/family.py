@@ -152,9 +152,9 @@ class DetectionFamily:
             metrics, curves = compute_metrics([p for _, p, _ in items], [t for _, _, t in items], self.classes)
             self._curves = (step, curves, metrics)
         if ctx.world_size > 1 and dist.is_available() and dist.is_initialized():
-            box = [metrics]
-            dist.broadcast_object_list(box, src=0)
-            metrics = box[0]
+            from trainer.families.components.collectives import broadcast_json
+
+            metrics = broadcast_json(metrics, src=0)  # JSON, not a pickle
         if ctx.rank == 0:
             self._say(f"step {step}: mAP {metrics['map']} mAP50 {metrics['map50']} on {metrics['images']} images")
         return metrics
@@ -186,7 +186,7 @@ class DetectionFamily:
 
     # ---- outputs ------------------------------------------------------------------------------------------
     def checkpoint_metadata(self, step: int) -> dict[str, str]:
-        """safetensors metadata that makes a weights file loadable on its own (trainer.families.detection.predict.load_detector)."""
+        """safetensors metadata that makes a weights file loadable on its own (trainer.detect.load_detector)."""
         cfg, d = self.cfg, self.cfg.detection
         return {"format": FORMAT, "architecture": cfg.model.path, "classes": json.dumps(self.classes),
                 "resolution": str(cfg.data.resolution), "frozen_bn": str(int(self.frozen_bn)),
