@@ -24,5 +24,6 @@ SPEC = FamilySpec(
     frozen_on_resume=("detection.weights", "detection.trainable_backbone_layers", "detection.val_path",
                       "detection.val_fraction", "detection.images"),
     exports=("output/model.safetensors (final) and output/best.safetensors (best evaluation), with the classes and model config in their metadata: trainer.detect.load_detector reloads them",),
+    demo_preset="detection-demo.yaml",
     demo_assets={"shapes-coco": "trainer.families.detection.demo:ensure_detection_demo"},
 )

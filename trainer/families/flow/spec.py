@@ -17,8 +17,9 @@ SD3 = FamilySpec(
     published_parameters=2.03e9,  # SD3/3.5 medium MMDiT
     published_variants={"large": 8.06e9},
     frozen_on_resume=_FROZEN,
-    exports=("LoRA: diffusers file and a kohya/ComfyUI file",
+    exports=("LoRA: output/pytorch_lora_weights.safetensors (diffusers keys, which ComfyUI also loads for SD3)",
              "full: a diffusers folder and Stability's all-in-one single file"),
+    demo_preset="demo-sd3.yaml",
     demo_assets={"tiny-sd3": "trainer.families.flow.demo:ensure_tiny_sd3"},
     **_SECTION,
 )
@@ -34,6 +35,7 @@ FLUX = FamilySpec(
     frozen_on_resume=_FROZEN,
     exports=("LoRA: diffusers file and a kohya/ComfyUI file (lora_unet_double_blocks_... keys)",
              "full: a diffusers folder and BFL's single-file layout"),
+    demo_preset="demo-flux.yaml",
     demo_assets={"tiny-flux": "trainer.families.flow.demo:ensure_tiny_flux"},
     **_SECTION,
 )

@@ -18,6 +18,7 @@ SPEC = FamilySpec(
     frozen_on_resume=DIFFUSION_FROZEN_ON_RESUME,
     exports=("LoRA: output/pytorch_lora_weights.safetensors (diffusers) and a kohya/ComfyUI file",
              "full: a diffusers folder and an original-layout single file"),
+    demo_preset="demo.yaml",
     demo_assets={"tiny-sd": "trainer.families.sd.demo:ensure_tiny_sd",
                  "demo-data": "trainer.families.components.tiny_assets:ensure_demo_data"},
 )

@@ -13,5 +13,6 @@ SPEC = FamilySpec(
     frozen_on_resume=DIFFUSION_FROZEN_ON_RESUME,
     exports=("LoRA: diffusers file and a kohya/ComfyUI file (lora_te1_/lora_te2_ keys)",
              "full: a diffusers folder and an original-layout single file"),
+    demo_preset="demo-sdxl.yaml",
     demo_assets={"tiny-sdxl": "trainer.families.sdxl.demo:ensure_tiny_sdxl"},
 )
