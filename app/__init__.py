@@ -1,5 +1,5 @@
 """imagetune's web UI (Gradio). It never imports torch: it starts runs through `trainer.core.launcher` and only reads
-run folders, so a browser refresh or a restart of the UI re-attaches to running jobs (see ../shared/DESIGN.md).
+run folders, so a browser refresh or a restart of the UI re-attaches to running jobs (README: The run folder).
 
     app.main      main(host, port, auth, share, insecure, runs_dir): checks, then serves the UI
     app.security  who may connect (auth, host), which paths may be typed in (workspace confinement)

@@ -1,6 +1,6 @@
 """Read run folders into what the Runs page shows. Read-only and torch-free.
 
-Everything comes from the run folder (DESIGN.md): events.jsonl (read incrementally, cached per folder),
+Everything comes from the run folder (README: The run folder): events.jsonl (read incrementally, cached per folder),
 config.yaml, train.log, samples/, output/. So whatever started a run (this UI before a restart, launch.py in a
 terminal), the page shows it, and a browser refresh finds it again.
 """
