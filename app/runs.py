@@ -192,7 +192,7 @@ def fingerprint(runs_dir: str | Path, selected: str | None) -> str:
             size = -1
         parts.append(f"{run.name}:{size}:{(run / STOP_FILE).exists()}:{_pid_alive(run)}")
         if run.name == selected:
-            for extra in (run / LOG_FILE, run / "output"):
+            for extra in (run / LOG_FILE, RunFolder(run).output):
                 try:
                     parts.append(f"{extra.name}:{extra.stat().st_mtime_ns}")
                 except OSError:
@@ -311,7 +311,7 @@ def log_tail(run_dir: str | Path, count: int = 40) -> str:
 def output_files(run_dir: str | Path) -> list[str]:
     """The run's final artifacts to download: the files directly in output/ (a LoRA's .safetensors files, a full
     fine-tune's single-file checkpoint). Folders (a diffusers model) stay on disk, at their path in the run folder."""
-    root = Path(run_dir) / "output"
+    root = RunFolder(Path(run_dir)).output
     if not root.is_dir():
         return []
     return sorted(str(p) for p in root.iterdir() if p.is_file() and p.stat().st_size > 0)

@@ -9,7 +9,6 @@ events; a user's mistake found here still ends as one `failed` event with a sent
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import traceback
 from datetime import timedelta
@@ -18,6 +17,7 @@ from pathlib import Path
 from trainer.core.config.load import load_config
 from trainer.errors import UserError
 from trainer.core.events import EventLog
+from trainer.core.runfolder import RunFolder
 from trainer.core.plan import Plan
 
 
@@ -41,8 +41,9 @@ def setup(run_dir: Path, resume: Path | None):
     from trainer.engine.parallel import for_plan
     from trainer.core.stopping import StopRequest
 
-    config = load_config(run_dir / "config.yaml", check_paths=False)
-    plan = Plan.from_event(json.loads((run_dir / "plan.json").read_text()))
+    folder = RunFolder(run_dir)
+    config = load_config(folder.config, check_paths=False)
+    plan = Plan.from_event(folder.read_plan())
     stop = StopRequest(run_dir)
     stop.install_signal_handlers()
     # Precision is ours (trainer.engine.precision), so accelerate runs "no" mixed precision; it does DDP and accumulation.
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         with run.parallel.gathered():  # FSDP: every rank gathers the full weights; rank 0 writes them
             if run.accelerator.is_main_process:
                 run.phase = "rank 0 writing the outputs"
-                outputs = run.family.save_outputs(run_dir / "output", step=run.state.step)
+                outputs = run.family.save_outputs(RunFolder(run_dir).output, step=run.state.step)
                 outputs = [os.path.relpath(p, run_dir) for p in outputs]
             run.accelerator.wait_for_everyone()
         events.emit("done", step=run.state.step, outputs=outputs, overflow_steps=run.amp.overflow_steps,

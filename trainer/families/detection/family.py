@@ -21,6 +21,7 @@ import torch.distributed as dist
 from trainer.families.detection.data import require_usable, scan_for_config
 from trainer.families.detection.images import DetectionImages
 from trainer.core.data.stream import position_seed
+from trainer.core.runfolder import RunFolder
 from trainer.errors import UserError
 from trainer.families.protocol import WorkerContext
 from trainer.families.detection.eval import compute_metrics, draw_pair, gather, pr_curve_image, predict
@@ -202,7 +203,7 @@ class DetectionFamily:
         final = out_dir / "model.safetensors"
         save_file(self.trainable_state(), str(final), metadata=self.checkpoint_metadata(step))
         outputs = [str(final)]
-        best = self.ctx.run_dir / "checkpoints" / "best" / "trainable.safetensors"
+        best = RunFolder(self.ctx.run_dir).best / "trainable.safetensors"
         if best.is_file():
             shutil.copyfile(best, out_dir / "best.safetensors")
             outputs.append(str(out_dir / "best.safetensors"))
