@@ -18,6 +18,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from trainer.core.config.schema import Config, iter_keys
+from trainer.families import SPECS, family_names
 
 # Form groups, in page order: (title, what it is for). A key's group comes from its schema metadata `group`, else
 # from its section (below), else it goes to "Other settings", so a new schema section still shows up.
@@ -33,7 +34,8 @@ GROUPS = {
     "other": ("Other settings", "Settings of newer parts of the engine."),
 }
 SECTION_GROUP = {
-    "model": "model", "data": "data", "method": "method", "lora": "method", "full": "method", "prior": "method", "flow": "model", "detection": "model",
+    "model": "model", "data": "data", "method": "method", "lora": "method", "full": "method", "prior": "method",
+    **{spec.section: "model" for spec in SPECS.values() if spec.section},  # a family's own section (flow, detection)
     "seed": "training", "train": "training", "devices": "batch", "batch": "batch", "precision": "precision",
     "attention": "precision", "sample": "sampling", "name": "output", "checkpoint": "output", "eval": "output",
 }
@@ -130,7 +132,6 @@ def is_yaml_only(key: str) -> bool:
 
 def build_specs() -> list[FieldSpec]:
     """One FieldSpec per schema key, in schema order (YAML-only keys included, with group "yaml")."""
-    from trainer.families import family_names  # torch-free registry of family names
 
     types = _leaf_types()
     specs = []

@@ -18,15 +18,16 @@ from pathlib import Path
 
 from trainer.core.config.validate import DEMO_SCHEME, is_hub_id
 from trainer.errors import UserError
+from trainer.families import SPECS
+from trainer.families.spec import load_object
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 MIN_PASSWORD = 12
 AUTH_ENV = "IMAGETUNE_AUTH"
 WORKSPACE_ENV = "IMAGETUNE_WORKSPACE"
-# The config keys that name files or folders on this machine (for detection, model.path names an architecture).
-PATH_KEYS = ("model.path", "model.config", "data.path", "prior.class_path", "detection.weights", "detection.images",
-             "detection.val_path")
-NOT_A_PATH = {"detection.weights": ("coco", "none")}
+# The config keys that name files or folders on this machine, in any family (each family's spec says which are
+# paths for it: for detection, model.path names an architecture).
+PATH_KEYS = tuple(dict.fromkeys(key for spec in SPECS.values() for key in spec.path_keys))
 
 
 def parse_auth(text: str, source: str = "--auth") -> tuple[str, str]:
@@ -116,12 +117,11 @@ class Workspace:
         files a dataset descriptor names) and multi-node settings."""
         if not self.confined:
             return []
-        from app.descriptors import descriptor_paths
-
         values = {key: _select(config, key) for key in PATH_KEYS}
         problems = self.config_problems({**values, "model.family": config.model.family})
-        if not problems:
-            for key, text in descriptor_paths(config):
+        spec = SPECS.get(config.model.family)
+        if not problems and spec is not None and spec.dataset_paths:
+            for key, text in load_object(spec.dataset_paths)(config):
                 if (p := self.problem(key, text)):
                     problems.append(p)
                     break  # one is enough to refuse; a big dataset could list thousands
@@ -142,9 +142,11 @@ def _select(config, key: str):
 
 
 def _path_value(key: str, value, family):
-    if key == "model.path" and family == "detection":
-        return None  # an architecture name (its weights are detection.weights)
-    if value in NOT_A_PATH.get(key, ()):
+    """`value` when it names a path for `family` (any family's reading when the family is not known yet)."""
+    spec = SPECS.get(family)
+    if spec is not None:
+        return value if spec.is_path(key, value) else None
+    if any(value in s.path_exceptions.get(key, ()) for s in SPECS.values()):
         return None
     return value
 

@@ -57,6 +57,9 @@ class FamilySpec:
     data_check: str = "trainer.families.spec:check_captioned_images"
     """"module:function" (torch-free) `(config) -> scan`, run by the launcher before any process starts; raises
     UserError when the dataset cannot train at all. The scan may carry `items` for the plan's bucket list."""
+    dataset_paths: str | None = None
+    """"module:function" (torch-free) `(config) -> iterable of (key, path)`: every file or folder the dataset's
+    descriptor files point to (a YOLO data.yaml, a COCO json), which an exposed UI confines like the path keys."""
     resolution_multiple: int | None = 8
     """`data.resolution` must be a multiple of this (the VAE's downsampling); None: the family checks it."""
     bucket_multiple: int | None = 8

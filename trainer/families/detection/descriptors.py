@@ -1,4 +1,5 @@
-"""The paths a dataset descriptor points to, for the exposed UI's workspace check (app.security).
+"""The paths a detection dataset descriptor points to, for the exposed UI's workspace check (app.security reads
+them through this family's spec: `dataset_paths`).
 
 A detection dataset is named by a file that names other files: a YOLO data.yaml (`path`, `train`, `val`, `test`,
 each a folder or a .txt list of image paths) or a COCO json (`images[].file_name`, under detection.images or a
@@ -16,15 +17,14 @@ from pathlib import Path
 
 import yaml
 
+from trainer.errors import UserError
+from trainer.families.detection.data import resolve_layout
+
 MAX_LIST_LINES = 100_000  # a .txt image list longer than this is not read to the end here
 
 
 def descriptor_paths(config) -> Iterator[tuple[str, str]]:
     """(config key, path) for every file or folder the dataset descriptors of `config` point to."""
-    if config.model.family != "detection":
-        return
-    from trainer.families.detection.data import resolve_layout
-    from trainer.errors import UserError
 
     try:
         kind, descriptor, val = resolve_layout(config.data.path, config.detection.val_path or None)
