@@ -21,15 +21,14 @@ def key(default: Any, help: str, *, choices: tuple[str, ...] | None = None, grou
     return field(default=default, metadata=meta)
 
 
+from trainer.families import SPECS  # noqa: E402  (torch-free: the registry of family specs)
 from trainer.families.detection.architectures import NAMES as DETECTION_ARCHITECTURES  # noqa: E402
 
 
 @dataclass
 class ModelConfig:
     family: str = key(
-        "sd", "Model family: `sd` (Stable Diffusion 1.x / 2.x), `sdxl` (SDXL base and fine-tunes), "
-        "`sd3` (SD3 / 3.5), `flux` (FLUX.1 dev / schnell), `detection` (torchvision object detectors; see "
-        "`detection.*`).")
+        "sd", "Model family: " + ", ".join(f"`{spec.name}` ({spec.title})" for spec in SPECS.values()) + ".")
     path: str = key(
         "",
         "The base model: a local diffusers folder, a single-file `.safetensors`/`.ckpt` checkpoint, a hub id "

@@ -4,7 +4,7 @@ from trainer.families.spec import FamilySpec
 
 SPEC = FamilySpec(
     name="detection",
-    title="Object detection",
+    title="torchvision object detectors; see `detection.*`",
     implementation="trainer.families.detection.family:DetectionFamily",
     methods=("full",),
     method_note="a detector is trained whole; set method=full (LoRA is for the diffusion families)",
