@@ -7,7 +7,6 @@ Torch-free: the launcher, `launch.py`'s progress bar and the web UI all read it.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 

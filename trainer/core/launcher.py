@@ -25,7 +25,6 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
 
 from trainer.core.config import Config, to_yaml
 from trainer.core.config.validate import parse_devices

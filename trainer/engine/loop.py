@@ -12,7 +12,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from trainer.core.data.stream import BatchStream, position_seed
+from trainer.core.data.stream import position_seed
 from trainer.engine.run import Run, RunFailed
 from trainer.families.protocol import Sample
 from trainer.engine.run_io import draw_samples, evaluate, save_run_checkpoint

@@ -6,7 +6,6 @@ Checks that depend on the machine (GPU count, bf16 support, xformers, bitsandbyt
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 from pathlib import Path
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainer.errors import UserError
-from trainer.families.components.tiny_assets import (
+from trainer.families.components.tiny_assets import (  # noqa: F401  (DATA_DIR, make_demo_dataset: the demo's data)
     DATA_DIR, SPECIALS, build_bpe, ensure_asset, ensure_demo_data, make_demo_dataset, write_clip_tokenizer,
 )
 
