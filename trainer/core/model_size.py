@@ -14,7 +14,12 @@ from pathlib import Path
 from trainer.families import spec_of
 
 # Bytes per trained parameter: fp32 weight + fp32 gradient + optimizer state.
-OPTIMIZER_STATE_BYTES = {"adamw": 8, "adamw8bit": 2, "sgd": 4}
+OPTIMIZER_STATE_BYTES = {
+    "adamw": 8, "adamw8bit": 2, "sgd": 4,
+    "prodigy": 16,  # two moments, the running sum s and the initial weights p0
+    "adafactor": 1,  # a row and a column second moment per matrix, no first moment: ~0 for weights
+    "adamw_schedulefree": 8,  # z and the second moment
+}
 
 
 def safetensors_parameters(path: Path, prefix: str = "") -> int:

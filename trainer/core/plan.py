@@ -233,6 +233,9 @@ def make_plan(config: Config, hw: Hardware, parameters: int | None = None) -> Pl
             "train.optimizer: adamw8bit needs bitsandbytes on a CUDA GPU (`pip install imagetune[bnb]`); use adamw"
         )
 
+    if config.train.optimizer == "prodigy" and config.train.lr < 0.1:
+        notes.append(f"train.optimizer prodigy estimates its own step size; train.lr={config.train.lr:g} multiplies "
+                     "it (1.0 is usual), so this run will barely move")
     per_device = config.batch.per_device
     if per_device == "auto":
         # Finding the largest micro-batch that fits needs the model on the GPU; until then 1 is always safe.
@@ -253,6 +256,9 @@ def make_plan(config: Config, hw: Hardware, parameters: int | None = None) -> Pl
         elif config.method != "full":
             problems.append("distributed.sharding: fsdp is for full fine-tunes (method=full); a LoRA's base "
                             "weights are frozen and small next to activations: use sharding=auto or ddp")
+        if config.train.optimizer not in ("adamw", "sgd"):
+            problems.append(f"train.optimizer: {config.train.optimizer} is not supported with distributed.sharding="
+                            "fsdp (its state and step are not written for sharded parameters): use adamw or sgd")
         if config.full.ema:
             problems.append("full.ema is not supported with distributed.sharding=fsdp yet: set full.ema=false, "
                             "or sharding=ddp if the model fits on one GPU")

@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from trainer.families.protocol import Evaluates, HasCheckpointMetadata
 from trainer.core.checkpoint import COMPLETE, CHECKPOINTS, CheckpointWriteError, latest_checkpoint, save_checkpoint
+from trainer.engine.optim import averaged_weights, is_schedule_free
 from trainer.core.runfolder import BEST, SAMPLES_DIR as SAMPLES, RunFolder
 
 
@@ -40,7 +41,7 @@ def draw_samples(run) -> None:
     run.phase = f"rank 0 drawing samples at step {step}"
     # FSDP: rank 0 samples with a gathered copy, in bf16 under a bf16 plan (FLUX: 24 GB, not 48 GB of fp32)
     dtype = torch.bfloat16 if run.plan.precision == "bf16" else torch.float32
-    with run.parallel.gathered(run.accelerator.device, dtype):
+    with averaged_weights(run.optimizer), run.parallel.gathered(run.accelerator.device, dtype):
         if run.accelerator.is_main_process:
             samples = run.family.render_samples(step)
             _write_samples(run, step, ((i, prompt, image) for i, (prompt, image) in enumerate(samples)))
@@ -57,15 +58,16 @@ def evaluate(run) -> None:
         return
     step = run.state.step
     run.phase = f"evaluating at step {step}"
-    metrics = family.evaluate(step)
-    if metrics:
-        run.events.emit("eval", step=step, **metrics)
-    with run.parallel.gathered():
-        if run.accelerator.is_main_process:
-            _write_samples(run, step, family.eval_samples(step))
-            if metrics:
-                keep_best(run, metrics)
-        run.accelerator.wait_for_everyone()
+    with averaged_weights(run.optimizer):
+        metrics = family.evaluate(step)
+        if metrics:
+            run.events.emit("eval", step=step, **metrics)
+        with run.parallel.gathered():
+            if run.accelerator.is_main_process:
+                _write_samples(run, step, family.eval_samples(step))
+                if metrics:
+                    keep_best(run, metrics)
+            run.accelerator.wait_for_everyone()
 
 
 def _metadata(run, step: int) -> dict | None:
@@ -147,14 +149,18 @@ def save_run_checkpoint(run) -> None:
         check_ranks_in_sync(run)
     run.phase = f"writing the checkpoint of step {step}"
     optimizer_state = run.parallel.optimizer_state(run.optimizer)  # FSDP: gathered from every rank
-    with run.parallel.gathered():
+    # Schedule-free: the weights file holds the averaged weights a user wants; the ones it trains on travel in
+    # training_state.pt, so a resumed run continues exactly.
+    training = [p.detach().cpu().clone() for p in run.trainable_params()] if is_schedule_free(run.optimizer) else None
+    with averaged_weights(run.optimizer), run.parallel.gathered():
         if run.accelerator.is_main_process:
-            _write_run_checkpoint(run, step, optimizer_state)
+            _write_run_checkpoint(run, step, optimizer_state, training)
         run.accelerator.wait_for_everyone()
 
 
-def _write_run_checkpoint(run, step: int, optimizer_state: dict) -> None:
+def _write_run_checkpoint(run, step: int, optimizer_state: dict, training_weights: list | None) -> None:
     state = {
+        "training_weights": training_weights,
         "train_state": vars(run.state).copy(),
         "optimizer": optimizer_state,
         "scheduler": run.scheduler.state_dict(),
@@ -190,6 +196,10 @@ def load_run_checkpoint(run, folder) -> None:
     for group, base, lr in zip(run.optimizer.param_groups, configured, current):
         group["initial_lr"], group["lr"] = base, lr
     run.scheduler._last_lr = list(current)
+    if state.get("training_weights") is not None:  # schedule-free: the weights it trains on, not the averaged
+        with torch.no_grad():
+            for p, saved in zip(run.trainable_params(), state["training_weights"]):
+                p.copy_(saved.to(p.device, p.dtype))
     run.amp.load_state_dict(state["amp"])
     if run.ema is not None and state.get("ema"):
         run.ema.load_state_dict(state["ema"])

@@ -153,8 +153,10 @@ def main(argv: list[str] | None = None) -> int:
             events.emit("stopped", step=run.state.step, reason=run.stop.reason(),
                         checkpoint=str(ckpt.path.relative_to(run_dir)) if ckpt else None)
             return 0
+        from trainer.engine.optim import averaged_weights
+
         outputs = []
-        with run.parallel.gathered():  # FSDP: every rank gathers the full weights; rank 0 writes them
+        with averaged_weights(run.optimizer), run.parallel.gathered():  # FSDP: rank 0 writes gathered weights
             if run.accelerator.is_main_process:
                 run.phase = "rank 0 writing the outputs"
                 outputs = run.family.save_outputs(RunFolder(run_dir).output, step=run.state.step)

@@ -186,17 +186,27 @@ class TrainConfig:
     optimizer: str = key(
         "adamw",
         "`adamw` (PyTorch's fused CUDA kernel on GPUs), `adamw8bit` (bitsandbytes, CUDA only: a quarter of "
-        "AdamW's state memory) or `sgd` (momentum 0.9).",
-        choices=("adamw", "adamw8bit", "sgd"),
+        "AdamW's state memory), `sgd` (momentum 0.9), `prodigy` (Prodigy, `prodigyopt`: estimates the step size "
+        "itself, so train.lr is a multiplier and 1.0 is its norm; `pip install 'imagetune[optimizers]'`), "
+        "`adafactor` (factored second moments: a fraction of AdamW's state, the memory path for single-GPU full "
+        "fine-tunes; relative step off, so train.lr is the step size, 1e-5 to 1e-4 usual) or "
+        "`adamw_schedulefree` (schedule-free AdamW, `schedulefree`: no decay schedule, train.scheduler must stay "
+        "constant and train.warmup_steps is its own warmup; samples, evaluations, checkpoints and outputs use its "
+        "averaged weights).",
+        choices=("adamw", "adamw8bit", "sgd", "prodigy", "adafactor", "adamw_schedulefree"),
     )
-    weight_decay: float = key(1e-2, "AdamW weight decay.")
-    betas: list[float] = key([0.9, 0.999], "AdamW betas.")
+    weight_decay: float = key(1e-2, "AdamW weight decay (also Prodigy's, Adafactor's and schedule-free AdamW's).")
+    betas: list[float] = key([0.9, 0.999], "AdamW betas (also Prodigy's and schedule-free AdamW's).")
     eps: float = key(1e-8, "AdamW epsilon.")
     scheduler: str = key(
         "constant",
         "Learning-rate schedule over optimizer steps.",
         choices=("constant", "linear", "cosine", "cosine_with_restarts", "polynomial"),
     )
+    scheduler_cycles: int = key(
+        1, "cosine_with_restarts: how many cosine cycles (restarts to the peak rate) fit in train.steps.")
+    scheduler_power: float = key(
+        1.0, "polynomial: the decay's power (1.0 is linear decay to zero, 2.0 quadratic).")
     warmup_steps: int = key(0, "Linear warmup, in optimizer steps.")
     max_grad_norm: float = key(1.0, "Clip the gradient norm to this (0 disables clipping).")
     noise_offset: float = key(0.0, "Noise offset (0.05-0.1 helps very dark/bright images); 0 disables it.")

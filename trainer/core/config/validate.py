@@ -75,6 +75,9 @@ def validate(config: Config, *, check_paths: bool = True) -> list[str]:
     _positive(p, "train.min_snr_gamma", t.min_snr_gamma)
     _positive(p, "train.weight_decay", t.weight_decay, allow_zero=True)
     _positive(p, "train.max_nonfinite_steps", t.max_nonfinite_steps)
+    _positive(p, "train.scheduler_cycles", t.scheduler_cycles)
+    _positive(p, "train.scheduler_power", t.scheduler_power)
+    p += _optimizer_problems(t)
     if len(t.betas) != 2 or not all(0 <= x < 1 for x in t.betas):
         p.append(f"train.betas: must be two numbers in [0, 1), got {t.betas}")
     _positive(p, "batch.total", b.total)
@@ -172,3 +175,20 @@ def _bucket_problems(config: Config, multiple: int) -> list[str]:
     if not p and d.resolution < d.bucket_step:
         p.append(f"data.bucket_step: {d.bucket_step} is larger than data.resolution {d.resolution}")
     return p
+
+
+# Optimizers from optional packages: (module, the extra that installs it).
+_OPTIMIZER_PACKAGES = {"prodigy": "prodigyopt", "adamw_schedulefree": "schedulefree"}
+
+
+def _optimizer_problems(t) -> list[str]:
+    p = []
+    module = _OPTIMIZER_PACKAGES.get(t.optimizer)
+    if module and importlib.util.find_spec(module) is None:
+        p.append(f"train.optimizer: {t.optimizer} needs the `{module}` package, which is not installed: "
+                 "`pip install 'imagetune[optimizers]'`, or use adamw")
+    if t.optimizer == "adamw_schedulefree" and t.scheduler != "constant":
+        p.append(f"train.scheduler: {t.scheduler} with train.optimizer=adamw_schedulefree, which replaces the decay "
+                 "schedule by averaging: set train.scheduler=constant (train.warmup_steps still warms it up)")
+    return p
+
