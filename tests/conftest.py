@@ -6,6 +6,8 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the suite may reach the hub
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# a fault switch left in the shell would crash or stop every run the suite launches (tests set it per launch)
+os.environ.pop("IMAGETUNE_FAULT", None)
 
 
 @pytest.fixture(scope="session")
