@@ -20,7 +20,9 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 
 
 def chromium_path() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser")
+    debian = "/usr/bin/chromium"  # where Debian installs it, in case PATH is trimmed
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    return found or (debian if os.access(debian, os.X_OK) else None)
 
 
 def free_port() -> int:

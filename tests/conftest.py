@@ -6,6 +6,8 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the suite may reach the hub
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# a fault switch left in the shell would crash or stop every run the suite launches (tests set it per launch)
+os.environ.pop("IMAGETUNE_FAULT", None)
 
 
 @pytest.fixture(scope="session")
@@ -23,3 +25,29 @@ def tiny_sd_path(demo_assets):
 @pytest.fixture(scope="session")
 def demo_data_path(demo_assets):
     return demo_assets["demo-data"]
+
+
+# The tiny SDXL / FLUX / SD3 models, built once per session for every module that trains or exports with them
+# (each build also pays the first import of its model classes). Tests only read them: a test that needs another
+# variant (other widths, no guidance embedding) builds its own.
+
+
+@pytest.fixture(scope="session")
+def tiny_sdxl_path(tmp_path_factory):
+    from trainer.families.sdxl.demo import make_tiny_sdxl
+
+    return make_tiny_sdxl(tmp_path_factory.mktemp("tiny-sdxl") / "model")
+
+
+@pytest.fixture(scope="session")
+def tiny_flux_path(tmp_path_factory):
+    from trainer.families.flow.demo import make_tiny_flux
+
+    return make_tiny_flux(tmp_path_factory.mktemp("tiny-flux") / "model")
+
+
+@pytest.fixture(scope="session")
+def tiny_sd3_path(tmp_path_factory):
+    from trainer.families.flow.demo import make_tiny_sd3
+
+    return make_tiny_sd3(tmp_path_factory.mktemp("tiny-sd3") / "model")

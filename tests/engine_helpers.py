@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -14,6 +14,7 @@ from trainer.core.config import load_config
 from trainer.core.events import read_events
 from trainer.core.launcher import prepare_run, start_run
 from trainer.core.hardware import CPU_ONLY
+from trainer.engine.faults import ENV
 
 BASE = [
     "precision=fp32", "batch.total=4", "train.steps=4", "train.lr=1e-3", "train.scheduler=cosine",
@@ -26,18 +27,15 @@ def engine_config(model: Path, data: Path, *overrides: str):
     return load_config(None, [f"model.path={model}", f"data.path={data}", *BASE, *overrides])
 
 
-def launch(runs_dir: Path, config, *, until=None, action=None, timeout: float = 300):
-    """Start a run; when `until(events)` becomes true, call `action(run_process)`; return (run_dir, final)."""
+def launch(runs_dir: Path, config, *, fault: str | None = None, timeout: float = 300):
+    """Start a run and wait for it; return (run_dir, final event). `fault` is IMAGETUNE_FAULT for this launch
+    only (trainer.engine.faults): a stop or a crash at an exact step, so a resume of the run does not repeat it."""
     run_dir, plan = prepare_run(config, runs_dir, hw=CPU_ONLY)
-    proc = start_run(run_dir, plan, config)
-    deadline = time.time() + timeout
-    while until is not None and proc.poll() is None and time.time() < deadline:
-        if until(read_events(run_dir)):
-            action(proc)
-            break
-        time.sleep(0.2)
-    final = proc.wait(timeout=max(1.0, deadline - time.time()))
-    return run_dir, final
+    with pytest.MonkeyPatch.context() as env:
+        if fault is not None:
+            env.setenv(ENV, fault)
+        proc = start_run(run_dir, plan, config)
+    return run_dir, proc.wait(timeout=timeout)
 
 
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:

@@ -11,8 +11,6 @@ from tests.test_bucketing_families import make_family, mixed_data, models  # noq
 from trainer.core.config import load_config
 from trainer.errors import ConfigError
 
-pytestmark = pytest.mark.slow
-
 FP8 = ["model.base_weights=fp8", "train.gradient_checkpointing=true"]
 
 
@@ -34,6 +32,7 @@ def _losses(family, stream, steps=4):
     return losses
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["sdxl", "flux"])
 def test_fp8_base_weights_store_the_network_in_float8_and_the_lora_still_learns(tmp_path, models, mixed_data, name):
     family, stream = make_family(tmp_path / "fp8", name, models[name], mixed_data, *FP8)
@@ -63,6 +62,7 @@ def test_fp8_base_weights_store_the_network_in_float8_and_the_lora_still_learns(
     assert losses[0] == pytest.approx(ref_losses[0], rel=0.05) and losses[0] != ref_losses[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["sdxl", "flux"])
 def test_nf4_base_weights_store_every_linear_in_4_bits_and_the_lora_still_learns(tmp_path, models, mixed_data, name):
     from torchao.quantization import NF4Tensor
@@ -92,6 +92,7 @@ def test_nf4_base_weights_store_every_linear_in_4_bits_and_the_lora_still_learns
     assert prompt == "a red circle" and image.size == (64, 64)
 
 
+@pytest.mark.slow
 def test_nf4_lora_on_two_processes_matches_one_and_loads_in_diffusers(tmp_path, models, mixed_data):
     """Through the real launcher (torchrun, gloo DDP): DDP leaves the 4-bit frozen weights alone and averages the
     adapter's gradients, so 2 processes x 1 train the same LoRA as 1 x 2; the LoRA file loads onto the plain

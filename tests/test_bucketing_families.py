@@ -12,8 +12,6 @@ from PIL import Image, ImageDraw
 from trainer.core.config import load_config
 from trainer.core.data.stream import make_stream
 
-pytestmark = pytest.mark.slow
-
 SIZES = [(64, 64), (64, 64), (96, 48), (96, 48), (48, 96), (48, 96)]  # -> buckets 64x64, 80x48, 48x80 at step 16
 
 
@@ -30,12 +28,8 @@ def mixed_data(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    from trainer.families.flow.demo import make_tiny_flux
-    from trainer.families.sdxl.demo import make_tiny_sdxl
-
-    root = tmp_path_factory.mktemp("bucket-models")
-    return {"sdxl": make_tiny_sdxl(root / "sdxl"), "flux": make_tiny_flux(root / "flux")}
+def models(tiny_sdxl_path, tiny_flux_path):
+    return {"sdxl": tiny_sdxl_path, "flux": tiny_flux_path}
 
 
 class _Accelerator:  # what a family uses of accelerate's, for one process
@@ -89,6 +83,7 @@ def spy_shapes(family) -> list:
     return shapes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["sdxl", "flux"])
 def test_mixed_aspect_ratios_train_one_shape_per_batch_from_the_cache(tmp_path, models, mixed_data, name):
     family, stream = make_family(tmp_path, name, models[name], mixed_data)
@@ -123,6 +118,7 @@ def test_mixed_aspect_ratios_train_one_shape_per_batch_from_the_cache(tmp_path, 
     assert encodes == []  # every latent came from the cache
 
 
+@pytest.mark.slow
 def test_sdxl_conditioning_and_uncached_crops_follow_the_bucket(tmp_path, models, mixed_data):
     from trainer.families.components.captioned import load_image_tensor, sample_rng
 
@@ -155,6 +151,7 @@ def test_a_bucket_smaller_than_the_batch_is_named(tmp_path, models, mixed_data):
     assert "bucket 80x48 holds 2 images" in " ".join(family.warnings)
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process_with_buckets(tmp_path, models, mixed_data):
     """Through the real launcher (torchrun, gloo DDP): the plan lists the buckets, and 1 x 2 per device and
     2 processes x 1 per device train on the same single-bucket steps (same losses, same weights). SGD, as in

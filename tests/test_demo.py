@@ -15,8 +15,8 @@ from trainer.errors import UserError
 
 
 @pytest.fixture(scope="module")
-def tiny_sd(tmp_path_factory):
-    return make_tiny_sd(tmp_path_factory.mktemp("models") / "tiny-sd")
+def tiny_sd(tiny_sd_path):  # the session's demo model: make_tiny_sd with its defaults
+    return tiny_sd_path
 
 
 def _weights(folder: Path) -> dict[str, torch.Tensor]:

@@ -5,10 +5,8 @@ processes gives the same weights; stopped-then-resumed (even on another process 
 give the weights of an uninterrupted run; sampling does not change training.
 """
 
-import os
 import signal
 
-import psutil
 import pytest
 import torch
 
@@ -54,14 +52,10 @@ def test_two_processes_with_accumulation_match_one_process(reference, runs, tiny
 
 
 def test_stopped_then_resumed_on_another_process_count_matches(reference, runs, tiny_sd_path, demo_data_path):
-    # samples every step slow the steps down (without changing training), so the stop lands mid-run
-    config = engine_config(tiny_sd_path, demo_data_path, "devices=cpu:1", "batch.per_device=2", "name=stopped",
-                           "sample.every=1", "sample.prompts=[a photo of a red circle]", "sample.steps=20")
-    stop_after_first_step = lambda events: any(e["type"] == "progress" for e in events)  # noqa: E731
-    run_dir, final = launch(runs, config, until=stop_after_first_step, action=lambda p: p.request_stop())
+    config = engine_config(tiny_sd_path, demo_data_path, "devices=cpu:1", "batch.per_device=2", "name=stopped")
+    run_dir, final = launch(runs, config, fault="stop_at_step=2")  # the STOP file, found during step 2
     assert final["type"] == "stopped", log_of(run_dir)
-    stopped_at = final["step"]
-    assert 1 <= stopped_at < 4 and final["checkpoint"] == f"checkpoints/step-{stopped_at:06d}"
+    assert final["step"] == 2 and final["checkpoint"] == "checkpoints/step-000002"
 
     resumed = resume_run(run_dir, ["devices=cpu:2"], hw=CPU_ONLY)
     final = resumed.wait(timeout=300)
@@ -72,25 +66,18 @@ def test_stopped_then_resumed_on_another_process_count_matches(reference, runs, 
 
 
 def test_killed_rank_fails_the_run_and_resume_recovers(reference, runs, tiny_sd_path, demo_data_path):
-    # Samples every step (they do not change training: see the first test) slow the steps down, so the kill
-    # lands mid-run even on a fast machine: it once came after the last step when it waited for step 2.
     config = engine_config(tiny_sd_path, demo_data_path, "devices=cpu:2", "batch.per_device=2", "name=killed",
-                           "checkpoint.every=1", "sample.every=1", "sample.prompts=[a photo of a red circle]",
-                           "sample.steps=20")
-
-    def kill_rank_1(proc):
-        for child in psutil.Process(proc.pid).children(recursive=True):
-            if child.environ().get("RANK") == "1":
-                os.kill(child.pid, signal.SIGKILL)
-
-    at_step_1 = lambda events: any(e["type"] == "checkpoint" and e["step"] >= 1 for e in events)  # noqa: E731
-    run_dir, final = launch(runs, config, until=at_step_1, action=kill_rank_1)
+                           "checkpoint.every=1")
+    # rank 1 SIGKILLs itself as step 2 ends, before step 2's checkpoint: the run fails with step 1's left
+    run_dir, final = launch(runs, config, fault="kill_rank=1,at_step=2")
     assert final["type"] == "failed", log_of(run_dir)
-    assert "rank 1" in final["reason"]
+    assert "rank 1" in final["reason"] and final["rank"] == 1 and final["exitcode"] == -signal.SIGKILL
     assert len([e for e in read_events(run_dir) if e["type"] in ("done", "stopped", "failed")]) == 1
+    assert [e["step"] for e in read_events(run_dir) if e["type"] == "checkpoint"] == [1]
 
     final = resume_run(run_dir, hw=CPU_ONLY).wait(timeout=300)
     assert final["type"] == "done", log_of(run_dir)
+    assert [e["step"] for e in read_events(run_dir) if e["type"] == "resumed"] == [1]
     assert_same_weights(final_weights(reference), final_weights(run_dir))
 
 

@@ -12,7 +12,6 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from trainer.families.sd.demo import make_tiny_sd
 from trainer.errors import UserError
 from trainer.families.components.kohya import kohya_metadata, to_kohya
 from trainer.families.components.ldm_checkpoint import save_single_file, to_ldm_state_dict
@@ -26,8 +25,8 @@ KOHYA_KEY = re.compile(r"^(lora_unet|lora_te)_[a-z0-9_]+\.(lora_down\.weight|lor
 
 
 @pytest.fixture(scope="module")
-def tiny_sd(tmp_path_factory):
-    return make_tiny_sd(tmp_path_factory.mktemp("models") / "tiny-sd")
+def tiny_sd(tiny_sd_path):  # the session's demo model: make_tiny_sd with its defaults
+    return tiny_sd_path
 
 
 def _pipe(tiny_sd):

@@ -168,12 +168,10 @@ def test_flux_refuses_unknown_weights_and_unfused_lora(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def tiny_sd3(tmp_path_factory):
+def tiny_sd3(tiny_sd3_path):
     """The demo's tiny SD3, shaped as the single-file layout assumes of real SD3/3.5 (trainer.families.flow.demo): CLIP-L's
     text projection the identity, CLIP-G wider than CLIP-L."""
-    from trainer.families.flow.demo import make_tiny_sd3
-
-    return make_tiny_sd3(tmp_path_factory.mktemp("tiny-sd3") / "model")
+    return tiny_sd3_path
 
 
 def _sd3_pipe(folder):
@@ -278,10 +276,8 @@ def test_sd3_refuses_what_it_cannot_write_faithfully(tiny_sd3):
 
 
 @pytest.fixture(scope="module")
-def tiny_flux(tmp_path_factory):
-    from trainer.families.flow.demo import make_tiny_flux
-
-    return make_tiny_flux(tmp_path_factory.mktemp("tiny-flux") / "model")
+def tiny_flux(tiny_flux_path):
+    return tiny_flux_path
 
 
 def _outputs_of_a_full_run(family_name, model, tmp_path, *overrides, ema=False, warnings=None):

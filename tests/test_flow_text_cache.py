@@ -16,11 +16,8 @@ SAMPLES = ["sample.prompts=[a red circle, a green square]", "sample.steps=2", "s
 
 
 @pytest.fixture(scope="module")
-def flow_models(tmp_path_factory):
-    from trainer.families.flow.demo import make_tiny_flux, make_tiny_sd3
-
-    root = tmp_path_factory.mktemp("flow-text-models")
-    return {"flux": make_tiny_flux(root / "flux"), "sd3": make_tiny_sd3(root / "sd3")}
+def flow_models(tiny_flux_path, tiny_sd3_path):
+    return {"flux": tiny_flux_path, "sd3": tiny_sd3_path}
 
 
 def _forbid_encoders(family) -> list[str]:

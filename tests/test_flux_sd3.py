@@ -25,12 +25,11 @@ FLOW = ["devices=cpu:1", "batch.per_device=4", "train.steps=8", "train.lr=5e-3",
 
 
 @pytest.fixture(scope="module")
-def assets(tmp_path_factory):
+def assets(tmp_path_factory, tiny_flux_path, tiny_sd3_path):
     from trainer.families.sd.demo import make_demo_dataset
-    from trainer.families.flow.demo import make_tiny_flux, make_tiny_sd3
 
     root = tmp_path_factory.mktemp("flow-assets")
-    return {"flux": make_tiny_flux(root / "tiny-flux"), "sd3": make_tiny_sd3(root / "tiny-sd3"),
+    return {"flux": tiny_flux_path, "sd3": tiny_sd3_path,
             "data": make_demo_dataset(root / "data", count=4)}
 
 

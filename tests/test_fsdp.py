@@ -26,12 +26,10 @@ FULL = [*BASE, "model.family=flux", "method=full", "full.ema=false", "batch.tota
 
 
 @pytest.fixture(scope="module")
-def assets(tmp_path_factory):
+def assets(tmp_path_factory, tiny_flux_path):
     from trainer.families.sd.demo import make_demo_dataset
-    from trainer.families.flow.demo import make_tiny_flux
 
-    root = tmp_path_factory.mktemp("fsdp-assets")
-    return make_tiny_flux(root / "tiny-flux"), make_demo_dataset(root / "data", count=4)
+    return tiny_flux_path, make_demo_dataset(tmp_path_factory.mktemp("fsdp-data"), count=4)
 
 
 @pytest.fixture(scope="module")

@@ -23,13 +23,12 @@ TINY = {  # preset -> tiny model
 
 
 @pytest.fixture(scope="module")
-def assets(tmp_path_factory):
+def assets(tmp_path_factory, tiny_sdxl_path, tiny_flux_path):
     from trainer.families.sd.demo import make_demo_dataset
     from trainer.families.flow.demo import make_tiny_flux
-    from trainer.families.sdxl.demo import make_tiny_sdxl
 
     root = tmp_path_factory.mktemp("preset-assets")
-    return {"sdxl": make_tiny_sdxl(root / "sdxl"), "flux-dev": make_tiny_flux(root / "flux-dev"),
+    return {"sdxl": tiny_sdxl_path, "flux-dev": tiny_flux_path,
             "flux-schnell": make_tiny_flux(root / "flux-schnell", guidance_embeds=False),
             "data": make_demo_dataset(root / "data", count=4)}
 

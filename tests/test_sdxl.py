@@ -12,16 +12,12 @@ import torch
 from tests.engine_helpers import assert_same_weights, final_weights, launch, log_of, progress
 from trainer.core.config import load_config
 
-pytestmark = pytest.mark.slow
-
 PROMPT = "a photo of a red circle"
 
 
 @pytest.fixture(scope="module")
-def tiny_sdxl(tmp_path_factory):
-    from trainer.families.sdxl.demo import make_tiny_sdxl
-
-    return make_tiny_sdxl(tmp_path_factory.mktemp("tiny-sdxl"))
+def tiny_sdxl(tiny_sdxl_path):
+    return tiny_sdxl_path
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +80,7 @@ def render(pipe):
     return pipe(PROMPT, num_inference_steps=2, generator=gen, output_type="pt").images
 
 
+@pytest.mark.slow
 def test_caches_are_used_and_the_encoders_are_not_called_after_caching(tmp_path, tiny_sdxl, sdxl_data):
     family = make_family(tmp_path, tiny_sdxl, sdxl_data)  # defaults: both caches on for SDXL
     assert family.text_embeddings is not None and family.latents is not None
@@ -137,6 +134,7 @@ def test_text_cache_dedupes_is_keyed_and_reused_from_disk(tmp_path):
     torch.testing.assert_close(again.get("caption 11")["hidden"], torch.full((3,), 11.0))
 
 
+@pytest.mark.slow
 def test_micro_conditioning_uses_the_real_size_and_crop(tmp_path, tiny_sdxl, sdxl_data):
     import numpy as np
     from PIL import Image
@@ -159,6 +157,7 @@ def test_micro_conditioning_uses_the_real_size_and_crop(tmp_path, tiny_sdxl, sdx
     assert len(lefts) > 1
 
 
+@pytest.mark.slow
 def test_lora_with_both_text_encoders_loads_back_in_diffusers_and_kohya(tmp_path, tiny_sdxl, sdxl_data):
     from diffusers import StableDiffusionXLPipeline
     from safetensors import safe_open
@@ -193,6 +192,7 @@ def test_lora_with_both_text_encoders_loads_back_in_diffusers_and_kohya(tmp_path
     torch.testing.assert_close(render(pipe), expected, rtol=0, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_full_fine_tune_writes_a_diffusers_folder_and_fp16_keeps_the_vae_fp32(tmp_path, tiny_sdxl, sdxl_data):
     from diffusers import UNet2DConditionModel
 
@@ -212,6 +212,7 @@ def test_full_fine_tune_writes_a_diffusers_folder_and_fp16_keeps_the_vae_fp32(tm
     assert image.size == (64, 64)
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process(tmp_path, tiny_sdxl, sdxl_data):
     """Same effective batch on 1 and 2 processes, with both caches on (built by the ranks together). SGD: the
     weights compare the gradients themselves (Adam turns fp32 summation-order noise in near-zero gradients of

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.core.data.stream import position_seed
+from trainer.engine import faults
 from trainer.engine.run import Run, RunFailed
 from trainer.families.protocol import Sample
 from trainer.engine.run_io import draw_samples, evaluate, save_run_checkpoint
@@ -21,6 +22,7 @@ from trainer.engine.run_io import draw_samples, evaluate, save_run_checkpoint
 def fit(run: Run) -> str:
     """Train from run.state.step to the plan's steps; returns "done" or "stopped" (raises RunFailed)."""
     cfg, plan, acc = run.config, run.plan, run.accelerator
+    fault = faults.from_env()  # test-only: a stop or crash at an exact step (trainer.engine.faults)
     draw_samples(run)  # at the start (or the resumed step): what the model does before this session trains
     throughput = Throughput()
     for step in range(run.state.step, plan.steps):
@@ -38,6 +40,7 @@ def fit(run: Run) -> str:
                 acc.backward(run.amp.scale(loss))  # divides by the accumulation; DDP syncs on the last micro-step
             losses.append(loss.detach().float())
         assert acc.sync_gradients, "accumulation out of step with the optimizer"
+        fault.before_vote(run.stop.stop_file, step + 1)
         mean_loss, finite, stop_requested = _reduce_step(losses, run.stop.requested(), acc.device)
         if finite:
             if not run.parallel.steps_in_backward:  # DeepSpeed clipped and stepped in the last backward
@@ -52,6 +55,7 @@ def fit(run: Run) -> str:
         run.optimizer.zero_grad(set_to_none=True)
         run.scheduler.step()
         run.state.step = step + 1
+        fault.step_ended(run.rank, run.state.step)
         throughput.tick(plan.total)
         run.events.emit("progress", step=run.state.step, steps=plan.steps,
                         loss=mean_loss if math.isfinite(mean_loss) else None,
