@@ -1,7 +1,7 @@
 """Every family ships an offline demo preset (its spec's `demo_preset`) on its own tiny model: the preset names
 the family and only demo assets the registry builds, and the diffusion demos run through the real launcher to
-`done` with samples and outputs that load back through diffusers with the trained weights. (The SD demo's
-30-step learning is checked in test_demo.py, the detection demo's mAP in test_detection.py.)"""
+`done` with samples and outputs that load back through diffusers with the trained weights. (The detection
+demo's run and its mAP are checked in test_detection.py.)"""
 
 from pathlib import Path
 
