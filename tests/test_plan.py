@@ -151,3 +151,14 @@ def test_model_size_is_read_from_the_safetensors_headers(tmp_path):
     save_file({"model.diffusion_model.x": torch.zeros(10), "first_stage_model.y": torch.zeros(99)}, str(single))
     assert trained_parameters("sd", str(single)) == 10
     assert trained_parameters("detection", str(tmp_path)) is None
+
+
+def test_attention_xformers_is_planned_only_where_it_is_applied():
+    gpu = Hardware(gpu_count=1, gpu_memory_gb=(80.0,), bf16=True, xformers=True)
+    assert make_plan(load_config(None, ["devices=1"], check_paths=False), gpu).attention == "xformers"
+    for family in ("flux", "sd3"):
+        auto = make_plan(load_config(None, ["devices=1", f"model.family={family}"], check_paths=False), gpu)
+        asked = make_plan(load_config(None, ["devices=1", f"model.family={family}", "attention=xformers"],
+                                      check_paths=False), gpu)
+        assert auto.attention == asked.attention == "sdpa" and "sdpa" in asked.line()
+        assert any("xformers applies to the UNet families only" in note for note in asked.notes)

@@ -221,7 +221,13 @@ def make_plan(config: Config, hw: Hardware, parameters: int | None = None) -> Pl
         problems.append("precision: bf16 is not supported by these GPUs (it needs compute capability 8.0+); use fp16")
 
     attention = config.attention
-    if attention == "auto":
+    family = spec_of(config.model.family)
+    if attention != "sdpa" and not family.xformers:
+        if attention == "xformers":
+            notes.append(f"attention: {config.model.family} runs PyTorch SDPA (its flash and memory-efficient "
+                         "kernels); xformers applies to the UNet families only")
+        attention = "sdpa"
+    elif attention == "auto":
         attention = "xformers" if device == "cuda" and hw.xformers else "sdpa"
     elif attention == "xformers" and not (device == "cuda" and hw.xformers):
         problems.append(

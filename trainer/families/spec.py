@@ -60,6 +60,8 @@ class FamilySpec:
     dataset_paths: str | None = None
     """"module:function" (torch-free) `(config) -> iterable of (key, path)`: every file or folder the dataset's
     descriptor files point to (a YOLO data.yaml, a COCO json), which an exposed UI confines like the path keys."""
+    xformers: bool = True
+    """`attention: xformers` applies to its network; False: the plan says `sdpa` with a note instead."""
     resolution_multiple: int | None = 8
     """`data.resolution` must be a multiple of this (the VAE's downsampling); None: the family checks it."""
     bucket_multiple: int | None = 8

@@ -15,6 +15,7 @@ SPEC = FamilySpec(
     checks="trainer.families.detection.checks:detection_problems",
     data_check="trainer.families.detection.data:check_detection_data",
     dataset_paths="trainer.families.detection.descriptors:descriptor_paths",
+    xformers=False,  # torchvision detectors have no attention to swap
     resolution_multiple=None,  # checks.py: at least 32, any size (images keep their aspect ratio)
     bucket_multiple=None,
     # model.path is an architecture name (architectures.py), not a file.

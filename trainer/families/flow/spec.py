@@ -5,7 +5,8 @@ from trainer.families.spec import FamilySpec
 
 # Which transformer layers carry LoRA decides the adapter's tensors.
 _FROZEN = DIFFUSION_FROZEN_ON_RESUME + ("flow.lora_targets", "flow.lora_blocks")
-_SECTION = dict(section="flow", section_title="Flow matching (SD3, FLUX)")
+# Their transformers run diffusers' attention processors on PyTorch SDPA; xformers is wired for UNets only.
+_SECTION = dict(section="flow", section_title="Flow matching (SD3, FLUX)", xformers=False)
 
 SD3 = FamilySpec(
     name="sd3",
