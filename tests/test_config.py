@@ -96,3 +96,10 @@ def test_migrations_run_in_order_and_newer_versions_are_refused(monkeypatch):
     assert migrate({"version": 1, "old": 4}) == {"version": 3, "renamed": 4, "twice": 8}
     with pytest.raises(ConfigError, match="newer than this trainer"):
         migrate({"version": 4})
+
+
+def test_min_snr_gamma_is_refused_for_flow_matching_with_the_key_that_does_the_job():
+    for family in ("flux", "sd3"):
+        with pytest.raises(ConfigError, match=r"train.min_snr_gamma: 5.0 is for the UNet families.*flow.weighting"):
+            load_config(None, [f"model.family={family}", "train.min_snr_gamma=5"], check_paths=False)
+    assert load_config(None, ["train.min_snr_gamma=5"], check_paths=False).train.min_snr_gamma == 5

@@ -210,7 +210,9 @@ class TrainConfig:
     warmup_steps: int = key(0, "Linear warmup, in optimizer steps.")
     max_grad_norm: float = key(1.0, "Clip the gradient norm to this (0 disables clipping).")
     noise_offset: float = key(0.0, "Noise offset (0.05-0.1 helps very dark/bright images); 0 disables it.")
-    min_snr_gamma: Optional[float] = key(None, "Min-SNR loss weighting gamma (5 is usual); unset disables it.")
+    min_snr_gamma: Optional[float] = key(
+        None, "Min-SNR loss weighting gamma (5 is usual) for the UNet families (SD, SDXL); unset disables it. "
+        "SD3 and FLUX refuse it: their loss weighting is `flow.weighting`.")
     gradient_checkpointing: bool = key(False, "Trade compute for memory: recompute activations in backward.")
     max_nonfinite_steps: int = key(
         5, "Skip steps with a NaN/inf loss; after this many in a row the run fails (keeping its last checkpoint)."

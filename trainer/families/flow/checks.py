@@ -1,0 +1,17 @@
+"""Config checks of the flow-matching families (SD3, FLUX), torch-free: the shared diffusion checks, and the
+keys of the UNet families that mean nothing under flow matching, refused with the key that does the job."""
+
+from __future__ import annotations
+
+from trainer.families.components.checks import diffusion_checks
+
+
+def flow_checks(config, *, check_paths: bool = True) -> list[str]:
+    p = diffusion_checks(config, check_paths=check_paths)
+    if config.train.min_snr_gamma is not None:
+        # Min-SNR weights an epsilon/v-prediction loss by the noise schedule's signal-to-noise ratio; a flow
+        # model's velocity loss has its own per-timestep weightings (SD3 paper, section 3.1).
+        p.append(f"train.min_snr_gamma: {config.train.min_snr_gamma} is for the UNet families (epsilon and "
+                 f"v-prediction); {config.model.family} trains by flow matching: unset it and choose "
+                 "flow.weighting (sigma_sqrt or cosmap) or flow.timestep_sampling instead")
+    return p
