@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass
+from typing import TypedDict
 
 import gradio as gr
 
@@ -17,7 +18,12 @@ from trainer.errors import UserError
 
 # The form's events (fields, YAML, preset, save, Start) run one at a time, in the order they were sent (one queue
 # for the whole app: it is a single-user tool), so each reads the settings state the previous one wrote.
-FORM_QUEUE = dict(concurrency_id="form", concurrency_limit=1)
+class EventQueue(TypedDict):
+    concurrency_id: str
+    concurrency_limit: int
+
+
+FORM_QUEUE = EventQueue(concurrency_id="form", concurrency_limit=1)
 
 
 @dataclass
