@@ -16,13 +16,13 @@ from app.presets import DEFAULT_PRESET
 from app.ui_form import FormWidgets, build_form
 from trainer.errors import UserError
 
-# The form's events (fields, YAML, preset, save, Start) run one at a time, in the order they were sent (one queue
-# for the whole app: it is a single-user tool), so each reads the settings state the previous one wrote.
 class EventQueue(TypedDict):
     concurrency_id: str
     concurrency_limit: int
 
 
+# The form's events (fields, YAML, preset, save, Start) run one at a time, in the order they were sent (one queue
+# for the whole app: it is a single-user tool), so each reads the settings state the previous one wrote.
 FORM_QUEUE = EventQueue(concurrency_id="form", concurrency_limit=1)
 
 

@@ -198,7 +198,7 @@ def make_plan(config: Config, hw: Hardware, parameters: int | None = None) -> Pl
     if kind == "auto":
         kind, value = ("gpus", hw.gpu_count) if hw.gpu_count else ("cpu", 1)
     if kind == "gpus":
-        assert isinstance(value, int)
+        assert isinstance(value, int)  # parse_devices pairs each kind with one type of value
         if value > hw.gpu_count:
             problems.append(
                 f"devices: asks for {value} GPUs but this machine has {hw.gpu_count}; use devices=auto, "

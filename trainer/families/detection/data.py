@@ -445,7 +445,8 @@ def carve_validation(records: list[DetRecord], fraction: float, seed: int):
 def scan_detection(path: str, *, val_path: str | None = None, images_dir: str | None = None,
                    val_fraction: float = 0.1, seed: int = 0) -> DetectionScan:
     """Read and check the whole dataset. Never raises for bad annotations: see `problems` and `warnings`."""
-    report, problems = _Report(), list[str]()
+    report = _Report()
+    problems: list[str] = []
     try:
         layout, source, val_file = resolve_layout(path, val_path)
     except UserError as exc:

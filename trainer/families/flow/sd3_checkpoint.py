@@ -97,7 +97,8 @@ def _mmdit_target(key: str) -> Target:
     return _FIXED[key]
 
 
-def mmdit_to_original(transformer: SD3Transformer2DModel, *, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+def mmdit_to_original(transformer: SD3Transformer2DModel, *,
+                      dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """An ``SD3Transformer2DModel``'s weights under the original MMDiT names (no prefix), on the CPU."""
     out = regroup(transformer.state_dict(), _mmdit_target, what="SD3 transformer", layout=LAYOUT, dtype=dtype)
     last = transformer.config["num_layers"] - 1
