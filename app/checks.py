@@ -73,6 +73,7 @@ def check_values(values: dict, hardware: Callable[[Config], Hardware | None] | H
     raw_problems = workspace.config_problems(values) if workspace is not None else []
     for problem in raw_problems:
         result.add(problem)
+    config: Config | None
     try:
         config = load_config(nested(values), check_paths=True)
         result.config = config

@@ -204,5 +204,6 @@ def install(policy: OriginPolicy, throttle: LoginThrottle) -> None:
     def build_middleware_stack(self):
         return Guard(original(self), policy, throttle)
 
-    build_middleware_stack._unguarded = original
-    App.build_middleware_stack = build_middleware_stack
+    # A marker on the function (installing twice wraps once), and a patch of Gradio's method: both untypeable.
+    build_middleware_stack._unguarded = original  # type: ignore[attr-defined]
+    App.build_middleware_stack = build_middleware_stack  # type: ignore[method-assign]

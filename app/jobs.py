@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from app.runs import read_run
 from trainer.core.config import Config
@@ -22,6 +23,9 @@ from trainer.errors import UserError
 from trainer.core.hardware import Hardware, probe_in_subprocess
 from trainer.core.assets import DEMO_DIR, demo_assets
 from trainer.core.runfolder import request_stop
+
+if TYPE_CHECKING:  # imported where used at run time, like the rest of the launcher
+    from trainer.core.launcher import RunProcess
 
 log = logging.getLogger("imagetune.app")
 DEFAULT_DEMO = ("tiny-sd", "demo-data")  # what presets/demo.yaml uses: built when the UI starts
@@ -80,7 +84,7 @@ class Jobs:
         self.runs_dir = Path(runs_dir).expanduser().resolve()
         self.hardware = hardware
         self.workspace = workspace  # app.security.Workspace: what an exposed UI may run (None: anything)
-        self._procs: dict[Path, object] = {}
+        self._procs: dict[Path, RunProcess] = {}
         self._waiters: dict[Path, threading.Thread] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="imagetune-job")
@@ -109,14 +113,14 @@ class Jobs:
             raise UserError(f"There is no run named {name!r} in {self.runs_dir}.")
         return path
 
-    def _watch(self, proc) -> None:
+    def _watch(self, proc: RunProcess) -> None:
         waiter = threading.Thread(target=self._wait, args=(proc,), daemon=True, name=f"wait-{proc.run_dir.name}")
         with self._lock:
             self._procs[Path(proc.run_dir)] = proc
             self._waiters[Path(proc.run_dir)] = waiter
         waiter.start()
 
-    def _wait(self, proc) -> None:
+    def _wait(self, proc: RunProcess) -> None:
         try:
             proc.wait()  # writes `failed` if the workers died without a final event
         except Exception:

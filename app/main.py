@@ -43,7 +43,7 @@ def _patient_url_ok() -> None:
             time.sleep(1)
         return True
 
-    url_ok._patient = True
+    url_ok._patient = True  # type: ignore[attr-defined]  # the marker that keeps a second call from wrapping it again
     networking.url_ok = url_ok
 
 

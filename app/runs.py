@@ -261,7 +261,7 @@ def eval_series(view: RunView) -> list[tuple[int, str, float]]:
     """(step, metric label, value) of every evaluation, steps in order, for a plot with one line per metric."""
     reported = {k for e in view.evals.values() for k, _ in eval_metrics(e)}
     keys = [k for k in PLOTTED if k in reported] or sorted(reported)
-    rows = []
+    rows: list[tuple[int, str, float]] = []
     for step in sorted(view.evals):
         values = dict(eval_metrics(view.evals[step]))
         rows.extend((step, metric_label(k), values[k]) for k in keys if k in values)
@@ -302,7 +302,7 @@ def smoothed(series: dict[int, float], weight: float = 0.9) -> dict[int, float]:
 
 def log_tail(run_dir: str | Path, count: int = 40) -> str:
     """The last lines of train.log (progress bars' carriage returns split into lines, terminal codes removed)."""
-    lines = []
+    lines: list[str] = []
     for line in tail_lines(Path(run_dir) / LOG_FILE, count):
         lines.extend(part for part in _ANSI.sub("", line).split("\r") if part.strip())
     return "\n".join(lines[-count:])

@@ -126,7 +126,7 @@ def _fmt_metric(value) -> str:
 def eval_html(view: R.RunView | None) -> str:
     """The latest evaluation (its metrics, and per class for detection), and which step is the best so far."""
     latest = R.latest_eval(view) if view else None
-    if latest is None:
+    if view is None or latest is None:
         return ""
     images = f" on {latest['images']} validation images" if latest.get("images") else ""
     metrics = " · ".join(f"{html.escape(R.metric_label(k))} <b>{v:.3f}</b>" for k, v in R.eval_metrics(latest))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass
+from typing import TypedDict
 
 import gradio as gr
 
@@ -15,9 +16,14 @@ from app.presets import DEFAULT_PRESET
 from app.ui_form import FormWidgets, build_form
 from trainer.errors import UserError
 
+class EventQueue(TypedDict):
+    concurrency_id: str
+    concurrency_limit: int
+
+
 # The form's events (fields, YAML, preset, save, Start) run one at a time, in the order they were sent (one queue
 # for the whole app: it is a single-user tool), so each reads the settings state the previous one wrote.
-FORM_QUEUE = dict(concurrency_id="form", concurrency_limit=1)
+FORM_QUEUE = EventQueue(concurrency_id="form", concurrency_limit=1)
 
 
 @dataclass

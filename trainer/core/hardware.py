@@ -10,6 +10,7 @@ import importlib.util
 import json
 import sys
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,8 @@ class Hardware:
     @classmethod
     def from_json(cls, text: str) -> "Hardware":
         data = json.loads(text)
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+        return cls(**values)
 
 
 CPU_ONLY = Hardware()

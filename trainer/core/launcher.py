@@ -235,7 +235,7 @@ class RunProcess:
             note = "the run's events, samples, checkpoints and outputs are in node 0's run folder"
             if returncode == 0:
                 kind = "stopped" if RunFolder(self.run_dir).stop_file.exists() else "done"
-                extra = {"checkpoint": None} if kind == "stopped" else {"outputs": []}
+                extra: dict[str, object] = {"checkpoint": None} if kind == "stopped" else {"outputs": []}
                 message = f"node {self.node_rank} finished; {note}"
                 return log.emit(kind, node_rank=self.node_rank, message=message, **extra)
         if self.killed:

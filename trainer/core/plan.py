@@ -198,6 +198,7 @@ def make_plan(config: Config, hw: Hardware, parameters: int | None = None) -> Pl
     if kind == "auto":
         kind, value = ("gpus", hw.gpu_count) if hw.gpu_count else ("cpu", 1)
     if kind == "gpus":
+        assert isinstance(value, int)  # parse_devices pairs each kind with one type of value
         if value > hw.gpu_count:
             problems.append(
                 f"devices: asks for {value} GPUs but this machine has {hw.gpu_count}; use devices=auto, "
@@ -205,12 +206,17 @@ def make_plan(config: Config, hw: Hardware, parameters: int | None = None) -> Pl
             )
         gpu_ids = tuple(range(value))
     elif kind == "gpu_ids":
+        assert isinstance(value, list)
         missing = [i for i in value if i >= hw.gpu_count]
         if missing:
             problems.append(f"devices: GPU ids {missing} do not exist here (this machine has {hw.gpu_count} GPUs)")
         gpu_ids = tuple(value)
     device = "cpu" if kind == "cpu" else "cuda"
-    processes = value if kind == "cpu" else len(gpu_ids)
+    if kind == "cpu":
+        assert isinstance(value, int)
+        processes = value
+    else:
+        processes = len(gpu_ids)
     nodes = config.distributed.nodes
     world = processes * nodes
 
@@ -247,6 +253,7 @@ def make_plan(config: Config, hw: Hardware, parameters: int | None = None) -> Pl
         # Finding the largest micro-batch that fits needs the model on the GPU; until then 1 is always safe.
         notes.append("batch.per_device auto: using 1 (searching the largest batch that fits is not supported yet)")
         per_device = 1
+    assert isinstance(per_device, int), "validate() accepts no text but auto"
     total = config.batch.total
     if total < world:
         problems.append(

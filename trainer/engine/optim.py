@@ -12,7 +12,8 @@ from trainer.errors import UserError
 
 def build_optimizer(groups: list[dict], train: TrainConfig) -> torch.optim.Optimizer:
     if train.optimizer == "adamw":
-        return torch.optim.AdamW(groups, betas=tuple(train.betas), eps=train.eps, weight_decay=train.weight_decay,
+        beta1, beta2 = train.betas  # two, validated
+        return torch.optim.AdamW(groups, betas=(beta1, beta2), eps=train.eps, weight_decay=train.weight_decay,
                                  fused=_fusable(groups) or None)
     if train.optimizer == "adamw8bit":
         try:

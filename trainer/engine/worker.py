@@ -175,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         phase = run.phase if run else "setting up"
         if isinstance(exc, RunFailed):  # decided on every rank alike: the run's own final word
+            assert run is not None, "only a built Run raises RunFailed"
             events.emit("failed", reason=str(exc), step=run.state.step)
         elif _is_timeout(exc):
             events.emit("failed", step=run.state.step if run else None, reason=(

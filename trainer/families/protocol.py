@@ -28,7 +28,7 @@ class Sample(NamedTuple):
     """Its place in the run's stream of samples: every random draw for it (augmentation, noise, timestep) is
     seeded from this, so the result does not depend on how the global batch is split across processes."""
     epoch: int
-    index: int
+    index: int  # type: ignore[assignment]  # the field shadows tuple.index(), which nothing here calls
     """The dataset item (repeats expanded) the family loads."""
 
 

@@ -17,7 +17,9 @@ def key(default: Any, help: str, *, choices: tuple[str, ...] | None = None, grou
     """A documented config field. Lists/dicts are copied per instance."""
     meta = {"help": help, "choices": choices, "group": group}
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+        def fresh() -> Any:
+            return type(default)(default)
+        return field(default_factory=fresh, metadata=meta)
     return field(default=default, metadata=meta)
 
 

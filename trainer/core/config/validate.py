@@ -30,7 +30,7 @@ def _positive(problems: list[str], key: str, value, *, allow_zero: bool = False)
         problems.append(f"{key}: must be {kind}, got {value}")
 
 
-def parse_devices(devices) -> tuple[str, object]:
+def parse_devices(devices) -> tuple[str, int | list[int] | None]:
     """Normalise `devices` to ("auto", None) | ("gpus", count:int) | ("gpu_ids", [ids]) | ("cpu", n).
 
     Raises ValueError with a message naming the accepted forms.

@@ -101,9 +101,9 @@ def _bucket_groups(stream: BucketedStream, epoch: int) -> tuple[np.ndarray, list
         count = -(-len(items) // total)
         groups.append(order[np.arange(count * total) % len(items)].reshape(count, total))
         owners += [bucket] * count
-    groups = np.concatenate(groups)
-    shuffle = np.random.default_rng([stream.seed, epoch, 0x6209]).permutation(len(groups))
-    return groups[shuffle], [owners[i] for i in shuffle]
+    stacked = np.concatenate(groups)
+    shuffle = np.random.default_rng([stream.seed, epoch, 0x6209]).permutation(len(stacked))
+    return stacked[shuffle], [owners[i] for i in shuffle]
 
 
 def make_stream(num_items: int, *, item_buckets: list[int] | None = None, total: int, per_device: int,

@@ -19,6 +19,7 @@ What sharding changes, and how the rest of the trainer stays unaware of it:
 from __future__ import annotations
 
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch import nn
@@ -110,8 +111,9 @@ class FSDP:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         container = nn.ModuleList(self._modules)
-        full = get_optimizer_state_dict(container, optimizer,
-                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        # torch types the state as a union per key; it is `optimizer.state_dict()`'s layout, keyed by names.
+        full: dict[str, Any] = get_optimizer_state_dict(
+            container, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if "param_groups" not in full:
             return None  # cpu_offload: only rank 0 receives the full state (and writes it)
         names = _names_in_optimizer_order(container, optimizer)
@@ -126,7 +128,7 @@ class FSDP:
 
         container = nn.ModuleList(self._modules)
         names = _names_in_optimizer_order(container, optimizer)
-        by_name = {
+        by_name: dict[str, Any] = {
             "state": {names[i]: value for i, value in state["state"].items()},
             "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]],
         }
@@ -159,7 +161,9 @@ def _plain_copy(module: nn.Module, state: dict) -> nn.Module:
     FSDPModule, _ = _fsdp()
     cls = next(c for c in type(module).__mro__ if issubclass(c, nn.Module) and not issubclass(c, FSDPModule))
     with torch.device("meta"):
-        plain = cls.from_config(module.config) if hasattr(module, "from_config") else cls(module.config)
+        # from_config: diffusers' models (ConfigMixin), which the hasattr finds on the instance, not on `cls`.
+        plain = (cls.from_config(module.config)  # type: ignore[attr-defined]
+                 if hasattr(module, "from_config") else cls(module.config))
     missing, unexpected = plain.load_state_dict(state, strict=False, assign=True)
     buffers = {name for name, _ in plain.named_buffers(remove_duplicate=False)}
     if unexpected or set(missing) - buffers:
@@ -167,7 +171,7 @@ def _plain_copy(module: nn.Module, state: dict) -> nn.Module:
     for sub_name, sub in module.named_modules():  # buffers are not sharded; non-persistent ones are not in `state`
         target = plain.get_submodule(sub_name)
         for name, buf in sub._buffers.items():
-            if buf is not None and (name not in target._buffers or target._buffers[name] is None
-                                    or target._buffers[name].is_meta):
+            current = target._buffers.get(name)
+            if buf is not None and (current is None or current.is_meta):
                 target._buffers[name] = buf.detach().cpu()
     return plain.eval()

@@ -3,14 +3,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from trainer.errors import UserError
 
+if TYPE_CHECKING:
+    from diffusers import ModelMixin
+
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def place_frozen_network(module: torch.nn.Module, base_weights: str, device: torch.device, dtype: torch.dtype) -> None:
+def place_frozen_network(module: ModelMixin, base_weights: str, device: torch.device, dtype: torch.dtype) -> None:
     """Move the network a LoRA run adapts (UNet / transformer, still frozen) to `device` in `dtype`, stored as
     `model.base_weights` says. Call it before adding LoRA (the adapter's layers then stay fp32) and never cast the
     module's dtype afterwards (that would dequantize NF4).

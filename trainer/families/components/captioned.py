@@ -89,7 +89,7 @@ def load_image_tensor(
             f"or run the dataset check again to find all unreadable files."
         ) from exc
 
-    target = (resolution, resolution) if isinstance(resolution, int) else tuple(resolution)
+    target = (resolution, resolution) if isinstance(resolution, int) else resolution
     size, (room_x, room_y) = cover_and_crop(*rgb.size, target)
     if size != rgb.size:
         rgb = rgb.resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0)
@@ -188,7 +188,7 @@ class ImageCaptionDataset(torch.utils.data.Dataset):
 
 def collate(samples: list[dict]) -> dict:
     """Stack pixel values into one (B, 3, R, R) tensor; keep captions, indices, paths and flips as lists."""
-    batch = {"pixel_values": torch.stack([s["pixel_values"] for s in samples])}
+    batch: dict[str, torch.Tensor | list] = {"pixel_values": torch.stack([s["pixel_values"] for s in samples])}
     for key, plural in (("caption", "captions"), ("index", "indices"), ("path", "paths"), ("flipped", "flipped")):
         if all(key in s for s in samples):
             batch[plural] = [s[key] for s in samples]

@@ -30,9 +30,11 @@ def _to_tensor(data: bytes, device: torch.device) -> torch.Tensor:
 def broadcast_bytes(data: bytes | None, src: int) -> bytes:
     device = _device()
     mine = dist.get_rank() == src
-    size = torch.tensor([len(data) if mine else 0], dtype=torch.long, device=device)
+    assert data is not None or not mine, "the source rank sends bytes (the others pass None)"
+    payload = data or b""
+    size = torch.tensor([len(payload) if mine else 0], dtype=torch.long, device=device)
     dist.broadcast(size, src)
-    buf = _to_tensor(data, device) if mine else torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    buf = _to_tensor(payload, device) if mine else torch.empty(int(size.item()), dtype=torch.uint8, device=device)
     if buf.numel():
         dist.broadcast(buf, src)
     return buf.cpu().numpy().tobytes()
@@ -59,7 +61,10 @@ def broadcast_json(value, src: int):
 
 
 def broadcast_tensors(tensors: dict[str, torch.Tensor] | None, src: int) -> dict[str, torch.Tensor]:
-    data = save_tensors({k: v.contiguous() for k, v in tensors.items()}) if dist.get_rank() == src else None
+    # None on the source rank fails in broadcast_bytes, which names the mistake.
+    data = None
+    if dist.get_rank() == src and tensors is not None:
+        data = save_tensors({k: v.contiguous() for k, v in tensors.items()})
     return load_tensors(broadcast_bytes(data, src))
 
 

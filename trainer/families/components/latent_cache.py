@@ -80,6 +80,7 @@ def build_latent_cache(
             from trainer.families.components.collectives import broadcast_tensors
 
             tensors = broadcast_tensors(tensors, src=owner)  # safetensors bytes, not a pickle
+        assert tensors is not None, "without torch.distributed, this process owns every chunk"
         if not path.exists():
             _write(path, tensors)
         parts.append(tensors)

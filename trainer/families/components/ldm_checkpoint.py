@@ -176,14 +176,13 @@ def _components(source) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Modu
         folder = Path(source)
         if not (folder / "model_index.json").is_file():
             raise UserError(f"{folder} is not a diffusers pipeline folder (no model_index.json)")
-        kwargs = {"local_files_only": True}
         return (
-            UNet2DConditionModel.from_pretrained(folder, subfolder="unet", **kwargs),
-            AutoencoderKL.from_pretrained(folder, subfolder="vae", **kwargs),
-            CLIPTextModel.from_pretrained(folder, subfolder="text_encoder", **kwargs),
+            UNet2DConditionModel.from_pretrained(folder, subfolder="unet", local_files_only=True),
+            AutoencoderKL.from_pretrained(folder, subfolder="vae", local_files_only=True),
+            CLIPTextModel.from_pretrained(folder, subfolder="text_encoder", local_files_only=True),
         )
     get = source.__getitem__ if isinstance(source, Mapping) else lambda name: getattr(source, name)
-    return tuple(unwrap(get(name)) for name in ("unet", "vae", "text_encoder"))
+    return unwrap(get("unet")), unwrap(get("vae")), unwrap(get("text_encoder"))
 
 
 def to_ldm_state_dict(unet, vae, text_encoder) -> dict[str, torch.Tensor]:

@@ -25,8 +25,9 @@ import collections
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 
@@ -40,6 +41,7 @@ from trainer.families.components.kohya import (
 )
 
 DIFFUSERS_WEIGHT_NAME = "pytorch_lora_weights.safetensors"
+_T = TypeVar("_T", bound=Hashable)
 
 # Friendly keys of save_lora's ``metadata`` that kohya_metadata takes as arguments; the rest go to ``extra``.
 _METADATA_ARGS = (
@@ -57,11 +59,11 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
     while True:
         if hasattr(model, "_orig_mod"):
-            model = model._orig_mod
+            model = model.get_submodule("_orig_mod")
         elif isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)) or (
             type(model).__name__ == "FullyShardedDataParallel" and hasattr(model, "module")
         ):
-            model = model.module
+            model = model.get_submodule("module")
         elif isinstance(model, PeftModel):
             model = model.get_base_model()
         else:
@@ -95,8 +97,17 @@ def _lora_modules(model: torch.nn.Module) -> tuple[str, dict[str, tuple[int, flo
     return adapter, modules
 
 
-def _most_common(values) -> object:
+def _most_common(values: Iterable[_T]) -> _T:
     return collections.Counter(values).most_common(1)[0][0]
+
+
+def _configured_alpha(model: torch.nn.Module, path: str, adapter: str) -> float:
+    """The `lora_alpha` peft was given for the LoRA layer at `path` (one `_lora_modules` found)."""
+    from peft.tuners.lora import LoraLayer
+
+    layer = model.get_submodule(path)
+    assert isinstance(layer, LoraLayer), f"{path} is not a LoRA layer"
+    return layer.lora_alpha[adapter]
 
 
 def diffusers_adapter_metadata(modules: Mapping[str, tuple[int, float]], *, path_fn=None) -> dict:
@@ -139,7 +150,7 @@ def save_lora(
     *,
     rank: int,
     alpha: float,
-    metadata: Mapping[str, object],
+    metadata: Mapping[str, Any],
 ) -> dict[str, Path]:
     """Write the diffusers and kohya LoRA files of ``unet`` (and ``text_encoder``) into ``out_dir``.
 
@@ -163,14 +174,15 @@ def save_lora(
 
     unet_adapter, unet_modules = _lora_modules(unet)
     trained_rank = _most_common(r for r, _ in unet_modules.values())
-    trained_alpha = _most_common(unet.get_submodule(p).lora_alpha[unet_adapter] for p in unet_modules)
+    trained_alpha = _most_common(_configured_alpha(unet, p, unet_adapter) for p in unet_modules)
     if trained_rank != rank or not math.isclose(trained_alpha, alpha):
         raise ValueError(
             f"the UNet's LoRA layers have rank {trained_rank} and alpha {trained_alpha}, but rank {rank} and "
             f"alpha {alpha} were given to save_lora"
         )
     unet_state = _peft_state(unet, unet_adapter)
-    te_state, te_modules = None, {}
+    te_state: dict[str, torch.Tensor] | None = None
+    te_modules: dict[str, tuple[int, float]] = {}
     if text_encoder is not None:
         te_adapter, te_modules = _lora_modules(text_encoder)
         te_state = _peft_state(text_encoder, te_adapter)
@@ -203,7 +215,9 @@ def save_lora(
     name = str(info.pop("name", None) or "lora")
     kwargs = {key: info.pop(key) for key in _METADATA_ARGS if info.get(key) is not None}
     if "base_model_version" not in kwargs:
-        kwargs["base_model_version"] = "sd_v2" if unet.config.get("cross_attention_dim") == 1024 else "sd_v1"
+        # `config`: a diffusers model's, which nn.Module's attribute hints (tensors and submodules) do not cover
+        cross_attention_dim = unet.config.get("cross_attention_dim")  # type: ignore[union-attr, operator]
+        kwargs["base_model_version"] = "sd_v2" if cross_attention_dim == 1024 else "sd_v1"
     header = kohya_metadata(
         rank=rank, alpha=alpha, name=name, train_text_encoder=bool(te_state), extra=info, **kwargs
     )

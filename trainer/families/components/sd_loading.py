@@ -4,21 +4,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from trainer.core.config.schema import ModelConfig
 from trainer.errors import UserError
 
+if TYPE_CHECKING:
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from transformers import CLIPTextModel, PreTrainedTokenizerBase
+
 SINGLE_FILE_SUFFIXES = (".safetensors", ".ckpt", ".pt", ".bin")
 
 
 @dataclass
 class SDComponents:
-    unet: torch.nn.Module
-    vae: torch.nn.Module
-    text_encoder: torch.nn.Module
-    tokenizer: object
+    unet: UNet2DConditionModel
+    vae: AutoencoderKL
+    text_encoder: CLIPTextModel
+    tokenizer: PreTrainedTokenizerBase  # CLIPTokenizer, or its fast version where the model folder has one
     scheduler_config: dict
     prediction_type: str
 
@@ -31,7 +36,7 @@ def load_pipeline(model: ModelConfig, pipeline_cls, *, folder_hint: str = "unet/
     local = Path(path).expanduser()
     try:
         if local.is_file() and local.suffix in SINGLE_FILE_SUFFIXES:
-            single = {"config": model.config} if model.config else {}
+            single: dict[str, object] = {"config": model.config} if model.config else {}
             if model.config and Path(model.config).exists():
                 single["local_files_only"] = True
             single.update({k: v for k, v in kwargs.items() if k == "safety_checker"})

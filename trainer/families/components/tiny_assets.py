@@ -179,7 +179,7 @@ def make_demo_dataset(folder, *, count: int = 16, size: int = 64, seed: int = 0)
             draw.rectangle(box, fill=fill)
         else:
             draw.polygon([(x0 + extent / 2, y0), (x0 + extent, y0 + extent), (x0, y0 + extent)], fill=fill)
-        image = image.resize((size, size), Image.LANCZOS)
+        image = image.resize((size, size), Image.Resampling.LANCZOS)
 
         stem = f"{i:04d}_{colour}_{shape}"
         image.save(folder / f"{stem}.png")

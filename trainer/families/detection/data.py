@@ -247,7 +247,8 @@ def read_coco(json_path: Path, id_to_label: dict[int, int] | None, images_dir: s
         if ann.get("iscrowd", 0):
             report.add("crowd")
             continue
-        label = id_to_label.get(ann.get("category_id"))
+        # Any JSON value (or none): one that is not a known id finds no label.
+        label = id_to_label.get(ann.get("category_id"))  # type: ignore[arg-type]
         if label is None:
             known = ", ".join(map(str, sorted(id_to_label)[:12]))
             report.add("unknown_category", f"{where}: category_id {ann.get('category_id')!r} is not one of the "
@@ -397,7 +398,7 @@ def read_yolo(yaml_path: Path, report: _Report, problems: list[str]):
     classes = _yolo_names(data, name, problems)
     root = Path(str(data.get("path") or ".")).expanduser()
     root = root if root.is_absolute() else (yaml_path.parent / root).resolve()
-    splits = []
+    splits: list[list[DetRecord] | None] = []
     for key in ("train", "val"):
         if data.get(key) in (None, ""):
             splits.append(None)
@@ -444,7 +445,8 @@ def carve_validation(records: list[DetRecord], fraction: float, seed: int):
 def scan_detection(path: str, *, val_path: str | None = None, images_dir: str | None = None,
                    val_fraction: float = 0.1, seed: int = 0) -> DetectionScan:
     """Read and check the whole dataset. Never raises for bad annotations: see `problems` and `warnings`."""
-    report, problems = _Report(), []
+    report = _Report()
+    problems: list[str] = []
     try:
         layout, source, val_file = resolve_layout(path, val_path)
     except UserError as exc:

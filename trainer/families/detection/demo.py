@@ -84,7 +84,8 @@ def make_shapes_coco(folder, *, train: int = 320, val: int = 64, size: int = SIZ
     rng = np.random.default_rng([seed, 0xC0C0])
     ann_id = 1
     for split, count in (("train", train), ("val", val)):
-        images, annotations = [], []
+        images: list[dict] = []
+        annotations: list[dict] = []
         for i in range(count):
             image, objects = _draw_image(rng, size, class_colors)
             name = f"{split}_{i:04d}.png"

@@ -84,7 +84,7 @@ def _coco(json_path: Path, images_dir: str | None) -> Iterator[tuple[str, str]]:
     images = data.get("images") if isinstance(data, dict) else None
     if not isinstance(images, list):
         return
-    names = [im.get("file_name") for im in images if isinstance(im, dict) and isinstance(im.get("file_name"), str)]
+    names = [name for im in images if isinstance(im, dict) and isinstance(name := im.get("file_name"), str)]
     root = _coco_images_dir(json_path, names[0] if names else None, images_dir)
     key = f"data.path ({json_path.name})"
     yield f"{key} images", str(root)

@@ -58,7 +58,7 @@ def gather(items: list, world_size: int) -> list:
     for tensors in all_gather_tensors(flat):
         count = sum(1 for key in tensors if key.endswith(".index"))
         for n in range(count):
-            parts = {"pred": {}, "target": {}}
+            parts: dict[str, dict[str, torch.Tensor]] = {"pred": {}, "target": {}}
             for key, value in tensors.items():
                 head, _, rest = key.partition(".")
                 if head == str(n) and "." in rest:

@@ -40,7 +40,7 @@ class DetectionFamily:
         self.best_metric = ctx.config.detection.best_metric  # run_io keeps checkpoints/best/ by it
         self.prepared: list[torch.nn.Module] = []
         self.ema = None
-        self._curves = None
+        self._curves: tuple[int, dict, dict] | None = None  # (step, curves, metrics) of the last evaluation
 
     def _say(self, message: str) -> None:
         if self.ctx.rank == 0:
@@ -147,7 +147,7 @@ class DetectionFamily:
             preds = predict(self.model, [image for image, _ in pairs], ctx.device, batch_size=batch)
             items += [(i, p, t) for i, p, (_, t) in zip(chunk, preds, pairs)]
         items = gather(items, ctx.world_size)
-        metrics = None
+        metrics: dict | None = None
         if ctx.rank == 0:
             items.sort(key=lambda item: item[0])
             metrics, curves = compute_metrics([p for _, p, _ in items], [t for _, _, t in items], self.classes)
@@ -157,6 +157,7 @@ class DetectionFamily:
 
             metrics = broadcast_json(metrics, src=0)  # JSON, not a pickle
         if ctx.rank == 0:
+            assert metrics is not None, "rank 0 computed them"
             self._say(f"step {step}: mAP {metrics['map']} mAP50 {metrics['map50']} on {metrics['images']} images")
         return metrics
 

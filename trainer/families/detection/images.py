@@ -52,13 +52,13 @@ class DetectionImages:
         if self.cache is not None and index in self.cache:
             return self.cache[index]
         record = self.records[index]
-        with Image.open(record.path) as img:
-            img = ImageOps.exif_transpose(img) if record.exif else img
+        with Image.open(record.path) as opened:
+            img = ImageOps.exif_transpose(opened) if record.exif else opened
             img = img.convert("RGB")
             width, height = img.size
             scale = self.resolution / max(width, height)
             size = (max(1, round(width * scale)), max(1, round(height * scale)))
-            img = img.resize(size, Image.BILINEAR, reducing_gap=None) if size != img.size else img
+            img = img.resize(size, Image.Resampling.BILINEAR, reducing_gap=None) if size != img.size else img
             pixels = torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8).view(size[1], size[0], 3)
         boxes = torch.tensor(record.boxes, dtype=torch.float32).reshape(-1, 4)
         if (width, height) != (record.width, record.height):

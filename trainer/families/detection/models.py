@@ -151,15 +151,14 @@ def freeze_batchnorm(module: nn.Module) -> nn.Module:
 def freeze_stages(model: nn.Module, arch: str, trainable: int | None) -> None:
     """Freeze all but the top `trainable` backbone stages, as torchvision does for pretrained backbones."""
     trainable = DEFAULT_TRAINABLE_LAYERS if trainable is None else trainable
-    body = model.backbone.body if hasattr(model.backbone, "body") else None
     backbone = ARCHITECTURES[arch].backbone
     if backbone == "resnet50":
         keep = ["layer4", "layer3", "layer2", "layer1", "conv1"][:trainable] + (["bn1"] if trainable == 5 else [])
-        for name, p in body.named_parameters():
+        for name, p in model.get_submodule("backbone.body").named_parameters():
             if not any(name.startswith(k) for k in keep):
                 p.requires_grad_(False)
     elif backbone == "mobilenet_v3" and ARCHITECTURES[arch].max_trainable_layers:
-        blocks = list(body.children())
+        blocks = list(model.get_submodule("backbone.body").children())
         stages = [0] + [i for i, b in enumerate(blocks) if getattr(b, "_is_cn", False)] + [len(blocks) - 1]
         first_trained = len(blocks) if trainable == 0 else stages[len(stages) - trainable]
         for block in blocks[:first_trained]:
@@ -178,10 +177,10 @@ def build_detector(arch: str, num_classes: int, *, weights: str = "none", resolu
     if weights != "none":
         info["fresh"] = load_matching(model, read_weights(arch, weights), weights)
         if frozen_bn is not False:
-            freeze_batchnorm(model.backbone)
+            freeze_batchnorm(model.get_submodule("backbone"))
         freeze_stages(model, arch, trainable_backbone_layers)
     elif frozen_bn:
-        freeze_batchnorm(model.backbone)
+        freeze_batchnorm(model.get_submodule("backbone"))
     info["frozen_bn"] = bool(frozen_bn if frozen_bn is not None else weights != "none")
     set_caps(model, max_detections)
     for owner in (getattr(model, "rpn", None), getattr(model, "roi_heads", None)):
@@ -194,11 +193,13 @@ def build_detector(arch: str, num_classes: int, *, weights: str = "none", resolu
 
 def set_caps(model: nn.Module, max_detections: int) -> None:
     """At most `max_detections` boxes per image, from at most 10x as many candidates per feature level."""
+    # The caps are ints, which nn.Module's __getattr__/__setattr__ hints (tensors and submodules only) do not allow.
     if hasattr(model, "roi_heads"):
-        model.roi_heads.detections_per_img = max_detections
+        model.get_submodule("roi_heads").detections_per_img = max_detections  # type: ignore[assignment]
     else:
-        model.detections_per_img = max_detections
-        model.topk_candidates = min(model.topk_candidates, max(10 * max_detections, 100))
+        model.detections_per_img = max_detections  # type: ignore[assignment]
+        model.topk_candidates = min(  # type: ignore[assignment]
+            model.topk_candidates, max(10 * max_detections, 100))  # type: ignore[type-var]
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -55,7 +55,7 @@ class Detector:
 
         img = self._image(image)
         scale = self.resolution / max(img.size)
-        resized = img.resize((max(1, round(img.width * scale)), max(1, round(img.height * scale))), Image.BILINEAR)
+        resized = img.resize((max(1, round(img.width * scale)), max(1, round(img.height * scale))), Image.Resampling.BILINEAR)
         x = F.to_dtype(F.pil_to_tensor(resized), torch.float32, scale=True).to(self.device)
         with torch.autocast(self.device.type, enabled=False):
             det = self.model([x])[0]

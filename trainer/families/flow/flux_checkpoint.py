@@ -124,8 +124,10 @@ def regroup(
             continue
         group = pending.setdefault(name, [None] * parts)
         group[part] = tensor
-        if all(t is not None for t in group):
-            out[name] = torch.cat(pending.pop(name), dim=0)
+        complete = [t for t in group if t is not None]
+        if len(complete) == parts:
+            del pending[name]
+            out[name] = torch.cat(complete, dim=0)
     _raise_unknown(what, unknown, layout)
     if pending:
         shown = ", ".join(sorted(pending)[:5])

@@ -35,12 +35,16 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from trainer.errors import UserError
 from trainer.families.flow.flux_checkpoint import Target, _linear, _qkv, regroup, swap_halves
 from trainer.families.components.ldm_checkpoint import clip_to_ldm, vae_to_ldm, write_checkpoint
+
+if TYPE_CHECKING:
+    from diffusers import SD3Transformer2DModel
 
 LAYOUT = "SD3"
 IMPLEMENTATION = "https://github.com/Stability-AI/sd3.5"
@@ -93,7 +97,8 @@ def _mmdit_target(key: str) -> Target:
     return _FIXED[key]
 
 
-def mmdit_to_original(transformer: torch.nn.Module, *, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+def mmdit_to_original(transformer: SD3Transformer2DModel, *,
+                      dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """An ``SD3Transformer2DModel``'s weights under the original MMDiT names (no prefix), on the CPU."""
     out = regroup(transformer.state_dict(), _mmdit_target, what="SD3 transformer", layout=LAYOUT, dtype=dtype)
     last = transformer.config["num_layers"] - 1
@@ -174,7 +179,7 @@ def _components(source, dtype: torch.dtype) -> dict[str, torch.nn.Module | None]
             raise UserError(f"{folder} is not a diffusers pipeline folder (no model_index.json)")
         source = StableDiffusion3Pipeline.from_pretrained(folder, dtype=dtype, local_files_only=True)
     get = source.get if isinstance(source, Mapping) else lambda name: getattr(source, name, None)
-    return {name: None if get(name) is None else unwrap(get(name)) for name in COMPONENTS}
+    return {name: None if (model := get(name)) is None else unwrap(model) for name in COMPONENTS}
 
 
 def save_sd3_single_file(

@@ -5,8 +5,7 @@ from trainer.families.spec import FamilySpec
 
 # Which transformer layers carry LoRA decides the adapter's tensors.
 _FROZEN = DIFFUSION_FROZEN_ON_RESUME + ("flow.lora_targets", "flow.lora_blocks")
-# Their transformers run diffusers' attention processors on PyTorch SDPA; xformers is wired for UNets only.
-_SECTION = dict(section="flow", section_title="Flow matching (SD3, FLUX)", xformers=False)
+_SECTION_TITLE = "Flow matching (SD3, FLUX)"
 
 SD3 = FamilySpec(
     name="sd3",
@@ -22,7 +21,9 @@ SD3 = FamilySpec(
              "full: a diffusers folder and Stability's all-in-one single file"),
     demo_preset="demo-sd3.yaml",
     demo_assets={"tiny-sd3": "trainer.families.flow.demo:ensure_tiny_sd3"},
-    **_SECTION,
+    section="flow",
+    section_title=_SECTION_TITLE,
+    xformers=False,  # their transformers run diffusers' attention processors on SDPA; xformers is wired for UNets
 )
 
 FLUX = FamilySpec(
@@ -38,5 +39,7 @@ FLUX = FamilySpec(
              "full: a diffusers folder and BFL's single-file layout"),
     demo_preset="demo-flux.yaml",
     demo_assets={"tiny-flux": "trainer.families.flow.demo:ensure_tiny_flux"},
-    **_SECTION,
+    section="flow",
+    section_title=_SECTION_TITLE,
+    xformers=False,  # their transformers run diffusers' attention processors on SDPA; xformers is wired for UNets
 )

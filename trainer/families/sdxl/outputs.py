@@ -20,6 +20,7 @@ from trainer.families.components.lora_files import (
     _METADATA_ARGS,
     DIFFUSERS_WEIGHT_NAME,
     _file_name,
+    _configured_alpha,
     _lora_modules,
     _most_common,
     _peft_state,
@@ -43,7 +44,7 @@ def save_sdxl_lora(out_dir, unet, text_encoders=(), *, rank: int, alpha: float, 
     unet = unwrap(unet)
     adapter, unet_modules = _lora_modules(unet)
     trained_rank = _most_common(r for r, _ in unet_modules.values())
-    trained_alpha = _most_common(unet.get_submodule(p).lora_alpha[adapter] for p in unet_modules)
+    trained_alpha = _most_common(_configured_alpha(unet, p, adapter) for p in unet_modules)
     if trained_rank != rank or not math.isclose(trained_alpha, alpha):
         raise ValueError(f"the UNet's LoRA layers have rank {trained_rank} and alpha {trained_alpha}, not {rank}/{alpha}")
     unet_state = _peft_state(unet, adapter)
