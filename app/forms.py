@@ -18,7 +18,8 @@ import yaml
 from omegaconf import OmegaConf
 
 from trainer.core.config.schema import Config, iter_keys
-from trainer.families import SPECS, family_names
+from trainer.families import SPECS as FAMILY_SPECS
+from trainer.families import family_names
 
 # Form groups, in page order: (title, what it is for). A key's group comes from its schema metadata `group`, else
 # from its section (below), else it goes to "Other settings", so a new schema section still shows up.
@@ -35,7 +36,7 @@ GROUPS = {
 }
 SECTION_GROUP = {
     "model": "model", "data": "data", "method": "method", "lora": "method", "full": "method", "prior": "method",
-    **{spec.section: "model" for spec in SPECS.values() if spec.section},  # a family's own section (flow, detection)
+    **{spec.section: "model" for spec in FAMILY_SPECS.values() if spec.section},  # a family's own section (flow, detection)
     "seed": "training", "train": "training", "devices": "batch", "batch": "batch", "precision": "precision",
     "attention": "precision", "sample": "sampling", "name": "output", "checkpoint": "output", "eval": "output",
 }
