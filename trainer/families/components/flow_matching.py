@@ -71,12 +71,18 @@ def per_sample_loss(pred: torch.Tensor, target: torch.Tensor, sigmas: torch.Tens
 
 
 def draw_sample(generator: torch.Generator, latent_shape: tuple[int, ...], *, scheme: str, logit_mean: float,
-                logit_std: float, shift: float):
-    """A sample's draws in a fixed order: the VAE latent's eps, the timestep, the noise. Returns
-    (latent_eps, sigma, noise)."""
+                logit_std: float, shift: float, noise_offset: float = 0.0):
+    """A sample's draws in a fixed order: the VAE latent's eps, the timestep, the noise (then, with a noise
+    offset, one more draw per channel). Returns (latent_eps, sigma, noise)."""
     latent_eps = torch.randn(latent_shape, generator=generator)
     sigma = shift_sigma(draw_u(generator, scheme=scheme, logit_mean=logit_mean, logit_std=logit_std), shift)
     noise = torch.randn(latent_shape, generator=generator)
+    if noise_offset:
+        # As for the UNet families (trainer.families.components.noise): a per-channel shift of the noise, so the
+        # model also learns to move an image's mean colour (very dark or bright images); the velocity target
+        # noise - x0 carries it.
+        noise = noise + noise_offset * torch.randn((latent_shape[0], *([1] * (len(latent_shape) - 1))),
+                                                   generator=generator)
     return latent_eps, float(sigma), noise
 
 
