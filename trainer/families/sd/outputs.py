@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 
-def run_metadata(family, step: int) -> dict:
+def run_metadata(family, step: int | None) -> dict:
     """What every diffusion family's output files record about the run (safetensors metadata)."""
     cfg = family.cfg
     return {
