@@ -79,8 +79,7 @@ class FluxFamily:
     def save_outputs(self, out_dir: Path, *, step: int) -> list[str]:
         return save_flow_outputs(self.flow, out_dir, step=step, ema=self.ema)
 
-    # ---- FlowModel: what the trainer asks of FLUX -----------------------------------------------------------
-
+    # ---- FlowModel: what the trainer asks of FLUX ---------------------------------------------------------
     def default_lora_targets(self) -> dict[str, tuple[str, ...]]:
         blocks = self.cfg.flow.lora_blocks
         out: dict[str, tuple[str, ...]] = {}
@@ -99,7 +98,7 @@ class FluxFamily:
 
     def encode_caption(self, caption: str) -> dict[str, torch.Tensor]:
         embeds, pooled, _ = self.flow.pipe.encode_prompt(caption, prompt_2=None, device=self.ctx.device,
-                                                    max_sequence_length=self.max_sequence_length())
+                                                         max_sequence_length=self.max_sequence_length())
         return {"embeds": embeds.float(), "pooled": pooled.float()}
 
     def shift(self, latent_shape: tuple[int, ...]) -> float:

@@ -75,8 +75,7 @@ class SD3Family:
     def save_outputs(self, out_dir: Path, *, step: int) -> list[str]:
         return save_flow_outputs(self.flow, out_dir, step=step, ema=self.ema)
 
-    # ---- FlowModel: what the trainer asks of SD3 ------------------------------------------------------------
-
+    # ---- FlowModel: what the trainer asks of SD3 ----------------------------------------------------------
     def default_lora_targets(self) -> dict[str, tuple[str, ...]]:
         return {"transformer_blocks": TARGETS}
 
@@ -85,8 +84,8 @@ class SD3Family:
 
     def encode_caption(self, caption: str) -> dict[str, torch.Tensor]:
         embeds, _, pooled, _ = self.flow.pipe.encode_prompt(caption, None, None, device=self.ctx.device,
-                                                       do_classifier_free_guidance=False,
-                                                       max_sequence_length=self.max_sequence_length())
+                                                            do_classifier_free_guidance=False,
+                                                            max_sequence_length=self.max_sequence_length())
         return {"embeds": embeds.float(), "pooled": pooled.float()}
 
     def shift(self, latent_shape: tuple[int, ...]) -> float:
