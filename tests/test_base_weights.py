@@ -15,7 +15,7 @@ FP8 = ["model.base_weights=fp8", "train.gradient_checkpointing=true"]
 
 
 def _network(family):
-    return family.transformer if family.name == "flux" else family.unet
+    return family.flow.transformer if family.name == "flux" else family.unet
 
 
 def _losses(family, stream, steps=4):

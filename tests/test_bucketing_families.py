@@ -70,16 +70,22 @@ def batch(stream, step):
     return [(p, *stream.item(p)) for p in stream.positions(step, 0, 0)]
 
 
+def parts(family):
+    """What holds the family's models and data: the family itself (SDXL) or its flow-matching trainer (FLUX)."""
+    return getattr(family, "flow", family)
+
+
 def spy_shapes(family) -> list:
     """Record the latent shape of every sample the family builds, batch by batch."""
-    shapes, original = [], family._latent_dist
+    data = parts(family).data
+    shapes, original = [], data.latent_dist
 
     def spy(*args):
         mean, std = original(*args)
         shapes.append(tuple(mean.shape))
         return mean, std
 
-    family._latent_dist = spy
+    data.latent_dist = spy
     return shapes
 
 
@@ -87,11 +93,11 @@ def spy_shapes(family) -> list:
 @pytest.mark.parametrize("name", ["sdxl", "flux"])
 def test_mixed_aspect_ratios_train_one_shape_per_batch_from_the_cache(tmp_path, models, mixed_data, name):
     family, stream = make_family(tmp_path, name, models[name], mixed_data)
-    assert family.buckets == [(48, 80), (64, 64), (80, 48)]
+    assert parts(family).data.buckets == [(48, 80), (64, 64), (80, 48)]
     assert stream.steps_per_epoch == 3 and family.warnings == []
     assert len(list((tmp_path / "cache" / "latents").iterdir())) == 3  # one cache per bucket (single-shape chunks)
     encodes = []
-    family.vae.encoder.register_forward_pre_hook(lambda *_: encodes.append(1))
+    parts(family).vae.encoder.register_forward_pre_hook(lambda *_: encodes.append(1))
     shapes = spy_shapes(family)
 
     def epoch_loss():
@@ -123,17 +129,17 @@ def test_sdxl_conditioning_and_uncached_crops_follow_the_bucket(tmp_path, models
     from trainer.families.components.captioned import load_image_tensor, sample_rng
 
     family, stream = make_family(tmp_path, "sdxl", models["sdxl"], mixed_data, "data.center_crop=false")
-    assert family.latents is None  # random crops: no latent cache
-    wide = [i for i, item in enumerate(family.images) if (item.width, item.height) == (96, 48)][0]
-    tall = [i for i, item in enumerate(family.images) if (item.width, item.height) == (48, 96)][0]
-    family.cfg.data.center_crop, family.use_cache = True, True
+    assert family.data.latents is None  # random crops: no latent cache
+    wide = [i for i, item in enumerate(family.data.images) if (item.width, item.height) == (96, 48)][0]
+    tall = [i for i, item in enumerate(family.data.images) if (item.width, item.height) == (48, 96)][0]
+    family.cfg.data.center_crop, family.data.use_cache = True, True
     assert family.time_ids((0, 0, wide, 0, "instance")) == [48, 96, 0, 8, 48, 80]  # covers 80x48 at 96x48
     assert family.time_ids((0, 0, tall, 0, "instance")) == [96, 48, 8, 0, 80, 48]
-    family.cfg.data.center_crop, family.use_cache = False, False
+    family.cfg.data.center_crop, family.data.use_cache = False, False
     lefts = set()
     for epoch in range(4):  # random crops are replayed from the sample's rng, inside its bucket
         _, _, top, left, th, tw = family.time_ids((0, epoch, wide, 3, "instance"))
-        pixels = load_image_tensor(family.images[wide].path, (80, 48), crop="random", rng=sample_rng(0, epoch, 3))
+        pixels = load_image_tensor(family.data.images[wide].path, (80, 48), crop="random", rng=sample_rng(0, epoch, 3))
         assert pixels.shape == (3, 48, 80) and (th, tw) == (48, 80) and top == 0
         lefts.add(left)
     assert len(lefts) > 1

@@ -281,13 +281,14 @@ def tiny_flux(tiny_flux_path):
 
 
 def _outputs_of_a_full_run(family_name, model, tmp_path, *overrides, ema=False, warnings=None):
-    """The family's own save_outputs on a stand-in that has what it reads. `ctx.unwrap` hands out a different,
-    "trained" copy of the transformer, as FSDP's gathered copy on rank 0 is: the outputs must hold its weights."""
+    """The family's own outputs (save_flow_outputs) on a stand-in trainer that has what they read. `ctx.unwrap`
+    hands out a different, "trained" copy of the transformer, as FSDP's gathered copy on rank 0 is: the outputs
+    must hold its weights."""
     from diffusers import FluxPipeline, StableDiffusion3Pipeline
     from diffusers.training_utils import EMAModel
 
     from trainer.core.config import load_config
-    from trainer.families.flow.family import FlowMatchingFamily
+    from trainer.families.flow.outputs import save_flow_outputs
 
     (tmp_path / "data").mkdir(parents=True, exist_ok=True)
     cfg = load_config(None, [f"model.path={model}", f"model.family={family_name}", "method=full", "name=my-run",
@@ -306,8 +307,8 @@ def _outputs_of_a_full_run(family_name, model, tmp_path, *overrides, ema=False, 
     warnings = [] if warnings is None else warnings  # what the run logged, for callers that look
     ctx = SimpleNamespace(unwrap=lambda m: gathered if m is live else m, device=torch.device("cpu"),
                           log_warning=warnings.append)
-    family = SimpleNamespace(cfg=cfg, ctx=ctx, name=family_name, pipe=pipe, transformer=live, ema=average)
-    outputs = FlowMatchingFamily.save_outputs(family, tmp_path / "output", step=3)
+    trainer = SimpleNamespace(cfg=cfg, ctx=ctx, name=family_name, pipe=pipe, transformer=live)
+    outputs = save_flow_outputs(trainer, tmp_path / "output", step=3, ema=average)
     assert pipe.transformer is live  # the pipeline got its own transformer back
     return pipe, gathered, outputs
 

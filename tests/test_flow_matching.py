@@ -189,18 +189,18 @@ def _flux_family(guidance_embeds: bool, *overrides):
     from trainer.core.config import load_config
     from trainer.families.flow.flux import FluxFamily
 
-    family = FluxFamily.__new__(FluxFamily)
-    family.cfg = load_config(None, ["model.family=flux", *overrides], check_paths=False)
-    family.transformer = FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=1, num_single_layers=1,
-                                                attention_head_dim=8, num_attention_heads=2, joint_attention_dim=16,
-                                                pooled_projection_dim=16, guidance_embeds=guidance_embeds,
-                                                axes_dims_rope=(2, 2, 4))
+    config = load_config(None, ["model.family=flux", *overrides], check_paths=False)
+    family = FluxFamily(SimpleNamespace(config=config))  # no load(): the trainer gets its model parts here
+    flow = family.flow
+    flow.transformer = FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=1, num_single_layers=1,
+                                              attention_head_dim=8, num_attention_heads=2, joint_attention_dim=16,
+                                              pooled_projection_dim=16, guidance_embeds=guidance_embeds,
+                                              axes_dims_rope=(2, 2, 4))
     if guidance_embeds:  # FLUX.1-dev's scheduler config
-        family.scheduler_config = {"shift": 3.0, "use_dynamic_shifting": True, "base_shift": 0.5, "max_shift": 1.15,
-                                   "base_image_seq_len": 256, "max_image_seq_len": 4096}
+        flow.scheduler_config = {"shift": 3.0, "use_dynamic_shifting": True, "base_shift": 0.5, "max_shift": 1.15,
+                                 "base_image_seq_len": 256, "max_image_seq_len": 4096}
     else:  # schnell's
-        family.scheduler_config = {"shift": 1.0, "use_dynamic_shifting": False}
-    family.ctx = SimpleNamespace()
+        flow.scheduler_config = {"shift": 1.0, "use_dynamic_shifting": False}
     return family
 
 
@@ -215,7 +215,7 @@ def test_flux_dev_and_schnell_settings():
 
 def test_flux_lora_block_selection():
     def paths(*overrides):
-        return _flux_family(True, *overrides).lora_target_paths()
+        return _flux_family(True, *overrides).flow.lora_target_paths()
 
     everything = paths()
     assert "transformer_blocks.0.attn.add_q_proj" in everything and "single_transformer_blocks.0.proj_mlp" in everything

@@ -22,7 +22,7 @@ def flow_models(tiny_flux_path, tiny_sd3_path):
 
 def _forbid_encoders(family) -> list[str]:
     calls = []
-    for name, encoder in zip(family.text_encoder_names, family.text_encoders):
+    for name, encoder in zip(family.text_encoder_names, family.flow.text_encoders):
         encoder.register_forward_pre_hook(lambda *_, name=name: calls.append(name))
     return calls
 
@@ -31,10 +31,10 @@ def _forbid_encoders(family) -> list[str]:
 def test_captions_are_encoded_once_then_the_encoders_are_not_used(tmp_path, flow_models, mixed_data, name,
                                                                    monkeypatch):
     family, stream = make_family(tmp_path, name, flow_models[name], mixed_data, *SAMPLES)
-    assert family.text_cache is not None
-    captions = {item.caption for item in family.images}
+    assert family.flow.text_cache is not None
+    captions = {item.caption for item in family.flow.data.images}
     expected = captions | {"a red circle", "a green square"} | ({"blurry"} if name == "sd3" else set())
-    assert set(family.text_cache.index) == expected  # SD3's guidance also needs the negative prompt
+    assert set(family.flow.text_cache.index) == expected  # SD3's guidance also needs the negative prompt
     calls = _forbid_encoders(family)
     loss = family.loss(batch(stream, 0))
     images = [image for _, image in family.render_samples(step=1)]
@@ -43,7 +43,7 @@ def test_captions_are_encoded_once_then_the_encoders_are_not_used(tmp_path, flow
     # the encoders' own outputs give the same loss and the same samples
     direct, _ = make_family(tmp_path / "direct", name, flow_models[name], mixed_data, *SAMPLES,
                             "data.cache_text_embeddings=false")
-    assert direct.text_cache is None
+    assert direct.flow.text_cache is None
     direct_calls = _forbid_encoders(direct)
     torch.testing.assert_close(loss, direct.loss(batch(stream, 0)))
     direct_images = [image for _, image in direct.render_samples(step=1)]

@@ -83,7 +83,7 @@ def render(pipe):
 @pytest.mark.slow
 def test_caches_are_used_and_the_encoders_are_not_called_after_caching(tmp_path, tiny_sdxl, sdxl_data):
     family = make_family(tmp_path, tiny_sdxl, sdxl_data)  # defaults: both caches on for SDXL
-    assert family.text_embeddings is not None and family.latents is not None
+    assert family.text_embeddings is not None and family.data.latents is not None
     assert len(list((tmp_path / "cache" / "text").glob("*/chunk-*.safetensors"))) == 1
     calls = {"vae": 0, "te": 0}
 
@@ -107,7 +107,7 @@ def test_caches_are_used_and_the_encoders_are_not_called_after_caching(tmp_path,
              for name in ("text", "latents")}
     assert before == after
     assert PROMPT not in again.text_embeddings  # only training captions are cached
-    caption = family.images[0].caption
+    caption = family.data.images[0].caption
     hidden, pooled = family.encode_prompts([caption])
     torch.testing.assert_close(again.text_embeddings.get(caption)["hidden"], hidden[0])
     torch.testing.assert_close(again.text_embeddings.get(caption)["pooled"], pooled[0])
@@ -142,16 +142,16 @@ def test_micro_conditioning_uses_the_real_size_and_crop(tmp_path, tiny_sdxl, sdx
     from trainer.families.components.captioned import load_image_tensor, sample_rng
 
     family = make_family(tmp_path, tiny_sdxl, sdxl_data, "data.cache_text_embeddings=false")
-    wide = [i for i, item in enumerate(family.images) if item.path.endswith("wide.png")][0]
+    wide = [i for i, item in enumerate(family.data.images) if item.path.endswith("wide.png")][0]
     assert family.time_ids((0, 0, wide, 0, "instance")) == [64, 96, 0, 16, 64, 64]
 
-    family.cfg.data.center_crop, family.use_cache = False, False  # random crops: replayed from the sample's rng
-    with Image.open(family.images[wide].path) as img:
+    family.cfg.data.center_crop, family.data.use_cache = False, False  # random crops: replayed from the sample's rng
+    with Image.open(family.data.images[wide].path) as img:
         whole = torch.from_numpy(np.array(img.convert("RGB"))).permute(2, 0, 1).float() / 127.5 - 1
     lefts = set()
     for epoch in range(4):
         _, _, top, left, _, _ = family.time_ids((0, epoch, wide, 5, "instance"))
-        pixels = load_image_tensor(family.images[wide].path, 64, crop="random", rng=sample_rng(0, epoch, 5))
+        pixels = load_image_tensor(family.data.images[wide].path, 64, crop="random", rng=sample_rng(0, epoch, 5))
         torch.testing.assert_close(pixels, whole[:, top:top + 64, left:left + 64])
         lefts.add(left)
     assert len(lefts) > 1

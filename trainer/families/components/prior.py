@@ -8,8 +8,9 @@ from pathlib import Path
 from trainer.core.data.scan import scan_dataset
 
 
-def ensure_class_images(family, ctx) -> list:
-    """The class images to train on (ImageItems captioned with the class prompt), generating missing ones."""
+def ensure_class_images(draw, ctx) -> list:
+    """The class images to train on (ImageItems captioned with the class prompt), generating missing ones with
+    `draw(prompts, seeds, *, steps, size) -> images` (the family's sampler over the base model)."""
     prior = ctx.config.prior
     folder = Path(prior.class_path).expanduser()
     folder.mkdir(parents=True, exist_ok=True)
@@ -24,8 +25,8 @@ def ensure_class_images(family, ctx) -> list:
             name = folder / f"class-{i:05d}.png"
             if name.exists():
                 continue
-            image = family.sample([prior.class_prompt], [ctx.config.seed + i], steps=prior.sample_steps,
-                                  size=ctx.config.data.resolution)[0]
+            image = draw([prior.class_prompt], [ctx.config.seed + i], steps=prior.sample_steps,
+                         size=ctx.config.data.resolution)[0]
             tmp = name.with_suffix(".tmp.png")
             image.save(tmp)
             tmp.rename(name)

@@ -27,15 +27,23 @@ import os
 from pathlib import Path
 
 
-def flow_metadata(family, step: int) -> dict:
+def save_flow_outputs(trainer, out_dir: Path, *, step: int, ema=None) -> list[str]:
+    """The outputs of a run (see above). `trainer`: the family's FlowTransformerTrainer, or anything with its
+    `cfg`, `ctx`, `name`, `pipe`, `transformer` and `pipeline_class`; `ema`: the family's EMAModel, if any."""
+    if trainer.cfg.method == "full":
+        return save_flow_full(trainer, out_dir, step=step, ema=ema)
+    return save_flow_lora(trainer, out_dir, step=step)
+
+
+def flow_metadata(trainer, step: int) -> dict:
     from trainer.families.sd.outputs import run_metadata
 
-    flow = family.cfg.flow
-    return {**run_metadata(family, step), "family": family.name, "timestep_sampling": flow.timestep_sampling,
+    flow = trainer.cfg.flow
+    return {**run_metadata(trainer, step), "family": trainer.name, "timestep_sampling": flow.timestep_sampling,
             "lora_blocks": flow.lora_blocks}
 
 
-def save_flow_lora(family, out_dir: Path, *, step: int) -> list[str]:
+def save_flow_lora(trainer, out_dir: Path, *, step: int) -> list[str]:
     from safetensors.torch import save_file
 
     from trainer.families.components.kohya import kohya_metadata
@@ -47,27 +55,27 @@ def save_flow_lora(family, out_dir: Path, *, step: int) -> list[str]:
         diffusers_adapter_metadata,
     )
 
-    cfg = family.cfg
+    cfg = trainer.cfg
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    transformer = family.ctx.unwrap(family.transformer)
+    transformer = trainer.ctx.unwrap(trainer.transformer)
     adapter, modules = _lora_modules(transformer)
     state = _peft_state(transformer, adapter)
-    family.pipeline_class.save_lora_weights(out_dir, transformer_lora_layers=state, weight_name=DIFFUSERS_WEIGHT_NAME,
-                                            safe_serialization=True,
-                                            transformer_lora_adapter_metadata=diffusers_adapter_metadata(modules))
+    trainer.pipeline_class.save_lora_weights(out_dir, transformer_lora_layers=state, weight_name=DIFFUSERS_WEIGHT_NAME,
+                                             safe_serialization=True,
+                                             transformer_lora_adapter_metadata=diffusers_adapter_metadata(modules))
     outputs = [str(out_dir / DIFFUSERS_WEIGHT_NAME)]
-    if family.name == "flux":
+    if trainer.name == "flux":
         from trainer.families.flow.kohya_flux import flux_metadata_overrides, flux_to_kohya
 
         out_features = {n: m.out_features for n, m in transformer.named_modules()
                         if isinstance(getattr(m, "out_features", None), int)}
         tensors = flux_to_kohya(state, {p: a for p, (_, a) in modules.items()}, out_features)
-        info = flow_metadata(family, step)
+        info = flow_metadata(trainer, step)
         name = str(info.pop("name") or "lora")
         for key in ("steps", "base_model", "resolution"):
             info.pop(key)
-        extra = {**info, **flux_metadata_overrides(guidance_embeds=family.guidance_embeds)}
+        extra = {**info, **flux_metadata_overrides(guidance_embeds=bool(trainer.transformer.config.guidance_embeds))}
         header = kohya_metadata(rank=cfg.lora.rank, alpha=cfg.lora.alpha, name=name, base_model_version="flux1",
                                 steps=step, base_model=cfg.model.path, resolution=cfg.data.resolution, extra=extra)
         path = out_dir / f"{_file_name(name)}_kohya.safetensors"
@@ -78,12 +86,11 @@ def save_flow_lora(family, out_dir: Path, *, step: int) -> list[str]:
     return outputs
 
 
-def save_flow_full(family, out_dir: Path, *, step: int | None = None) -> list[str]:
-    cfg = family.cfg
+def save_flow_full(trainer, out_dir: Path, *, step: int | None = None, ema=None) -> list[str]:
+    cfg = trainer.cfg
     out_dir = Path(out_dir)
-    pipe = family.pipe
-    transformer = family.ctx.unwrap(family.transformer)  # under FSDP: the gathered full weights (rank 0)
-    ema = getattr(family, "ema", None)
+    pipe = trainer.pipe
+    transformer = trainer.ctx.unwrap(trainer.transformer)  # under FSDP: the gathered full weights (rank 0)
     if ema is not None:  # the averaged weights are the output; the live ones were only the path there
         ema.copy_to(transformer.parameters())
     folder = out_dir / "diffusers"
@@ -91,34 +98,34 @@ def save_flow_full(family, out_dir: Path, *, step: int | None = None) -> list[st
     try:
         pipe.save_pretrained(folder, safe_serialization=True)
     finally:
-        pipe.transformer = family.transformer
+        pipe.transformer = trainer.transformer
     outputs = [str(folder)]
     if cfg.full.save_single_file:
         from trainer.errors import UserError
 
         try:
-            path = save_flow_single_file(family, transformer, out_dir / f"{cfg.name}.safetensors", step=step)
+            path = save_flow_single_file(trainer, transformer, out_dir / f"{cfg.name}.safetensors", step=step)
         except UserError as err:  # the end of a long run: keep the folder, say why there is no single file
-            family.ctx.log_warning(f"output: no single file ({err}); the diffusers folder has the whole model")
+            trainer.ctx.log_warning(f"output: no single file ({err}); the diffusers folder has the whole model")
         else:
             outputs.append(str(path))
     return outputs
 
 
-def save_flow_single_file(family, transformer, path: Path, *, step: int | None = None) -> Path:
+def save_flow_single_file(trainer, transformer, path: Path, *, step: int | None = None) -> Path:
     """The original-layout file of a full fine-tune, from the models in memory (`transformer`: the unwrapped one)."""
     from trainer.families.sd.outputs import run_metadata
 
-    flow = family.cfg.flow
-    metadata = {**run_metadata(family, step), "family": family.name, "method": "full",
+    flow = trainer.cfg.flow
+    metadata = {**run_metadata(trainer, step), "family": trainer.name, "method": "full",
                 "timestep_sampling": flow.timestep_sampling}
     if step is None:  # not known to the caller: leave it out rather than write "None"
         metadata.pop("steps")
-    if family.name == "flux":
+    if trainer.name == "flux":
         from trainer.families.flow.flux_checkpoint import save_flux_single_file
 
         return save_flux_single_file(transformer, path, metadata=metadata)
     from trainer.families.flow.sd3_checkpoint import COMPONENTS, save_sd3_single_file
 
-    models = {name: getattr(family.pipe, name, None) for name in COMPONENTS}
+    models = {name: getattr(trainer.pipe, name, None) for name in COMPONENTS}
     return save_sd3_single_file({**models, "transformer": transformer}, path, metadata=metadata)

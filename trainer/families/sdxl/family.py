@@ -1,39 +1,54 @@
 """SDXL (base and fine-tunes): LoRA on the UNet and optionally both text encoders, or a full fine-tune;
 epsilon and v-prediction; size/crop micro-conditioning; cached latents and cached text embeddings.
 
-Built on the SD 1.x/2.x family (same data, latent cache, noise draws and loss maths: trainer.families.sd.family),
-overriding what SDXL does differently: two text encoders (penultimate hidden states of both, concatenated, and
-the pooled projection of the second), `add_time_ids` = (original height, width, crop top, left, target height,
-width) from each image's real size and crop, the XL pipeline for samples and its LoRA file layout.
+Composed of the parts it shares with SD 1.x/2.x (the captioned data and latent cache: `CaptionedLatents`; model
+setup, noise draws and loss maths: `unet_training`; checkpoint tensors: `trained_weights`), with what SDXL does
+its own way: two text encoders (penultimate hidden states of both, concatenated, and the pooled projection of the
+second), `add_time_ids` = (original height, width, crop top, left, target height, width) from each image's real
+size and crop, the XL pipeline for samples and its LoRA file layout.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from diffusers import DDPMScheduler, DPMSolverMultistepScheduler, StableDiffusionXLPipeline
 
 from trainer.core.data.buckets import cover_and_crop
+from trainer.families.components import text_cache, trained_weights
 from trainer.families.components.captioned import _integer, flip_drawn, sample_rng
-from trainer.families.components import text_cache
-from trainer.families.sd.family import StableDiffusionFamily, setup_models
+from trainer.families.components.captioned_latents import CaptionedLatents, Row
 from trainer.families.components.sd_loading import load_pipeline
+from trainer.families.components.unet_training import ddpm_loss, setup_models
+from trainer.families.protocol import Sample, WorkerContext
 
 CACHE_TEXT_DEFAULT = True
 
 
-class StableDiffusionXLFamily(StableDiffusionFamily):
+class StableDiffusionXLFamily:
     name = "sdxl"
+
+    def __init__(self, ctx: WorkerContext):
+        self.ctx = ctx
+        self.cfg = ctx.config
+        self.prepared: list[torch.nn.Module] = []
+        self.ema: Any = None
+        self.item_buckets: list[int] | None = None
+        self.text_embeddings: text_cache.TextEmbeddings | None = None
 
     # ---- models -------------------------------------------------------------------------------------------
     def load(self) -> None:
         cfg, device = self.cfg, self.ctx.device
         pipe = load_pipeline(cfg.model, StableDiffusionXLPipeline,
                              folder_hint="unet/, vae/, text_encoder/, text_encoder_2/, tokenizer/, tokenizer_2/")
-        self.unet, self.vae = pipe.unet, pipe.vae
-        self.text_encoder, self.text_encoder_2 = pipe.text_encoder, pipe.text_encoder_2
-        self.tokenizer, self.tokenizer_2 = pipe.tokenizer, pipe.tokenizer_2
+        self.unet: Any = pipe.unet
+        self.vae: Any = pipe.vae
+        self.text_encoder: Any = pipe.text_encoder
+        self.text_encoder_2: Any = pipe.text_encoder_2
+        self.tokenizer: Any = pipe.tokenizer
+        self.tokenizer_2: Any = pipe.tokenizer_2
         self.scheduler_config = dict(pipe.scheduler.config)
         self.prediction_type = cfg.model.prediction_type
         if self.prediction_type == "auto":
@@ -54,9 +69,13 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
             for module in (_encoder_layers(te)[last], _final_norm(te)):
                 module.requires_grad_(False)
         self.text_embeddings = None
+        self.data = CaptionedLatents(self.ctx, self.vae, draw_class_images=self.sample)
 
     def trainable_modules(self) -> list[torch.nn.Module]:
         return [self.unet, self.text_encoder, self.text_encoder_2] if self.train_text_encoder else [self.unet]
+
+    def set_prepared(self, modules: list[torch.nn.Module]) -> None:
+        self.prepared = modules
 
     def param_groups(self) -> list[dict]:
         t = self.cfg.train
@@ -66,23 +85,26 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
             groups.append({"params": params, "lr": t.text_encoder_lr or t.lr})
         return groups
 
-    def _named_trainable(self):
-        named = (("unet", self.unet), ("text_encoder", self.text_encoder), ("text_encoder_2", self.text_encoder_2))
-        for prefix, module in named:
-            for name, p in self.ctx.unwrap(module).named_parameters():  # FSDP: the gathered full weights
-                if p.requires_grad:
-                    yield f"{prefix}.{name}", p
+    def _checkpoint_modules(self):
+        return (("unet", self.unet), ("text_encoder", self.text_encoder), ("text_encoder_2", self.text_encoder_2))
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        return trained_weights.trainable_state(self.ctx, self._checkpoint_modules())
+
+    def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
+        trained_weights.load_trainable_state(self.ctx, self._checkpoint_modules(), state)
 
     # ---- data ---------------------------------------------------------------------------------------------
     def prepare_data(self) -> int:
-        count = super().prepare_data()
+        count = self.data.prepare()
+        self.item_buckets = self.data.item_buckets
         cfg, ctx = self.cfg, self.ctx
         wanted = text_cache.cache_text_embeddings(cfg, CACHE_TEXT_DEFAULT)
         if wanted and self.train_text_encoder:
             ctx.log_warning("data.cache_text_embeddings is off because the text encoders are trained")
         if wanted and not self.train_text_encoder:
-            captions = [item.caption for item in self.images]
-            if self.class_images:
+            captions = [item.caption for item in self.data.images]
+            if self.data.class_images:
                 captions.append(cfg.prior.class_prompt)
             model = {"family": self.name, "path": cfg.model.path, "revision": cfg.model.revision,
                      "te1": self.text_encoder.config.to_dict(), "te2": self.text_encoder_2.config.to_dict(),
@@ -108,15 +130,15 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
             hidden.append(out.hidden_states[-2])
         return torch.cat(hidden, dim=-1), out.text_embeds
 
-    def time_ids(self, row) -> list[float]:
+    def time_ids(self, row: Row) -> list[float]:
         """(original h, w, crop top, left, target h, w) of a training sample, as its pixels were made."""
         cfg = self.cfg
         _, epoch, image_index, expanded_index, kind = row
-        item = (self.images if kind == "instance" else self.class_images)[image_index]
-        target = self._target(image_index, kind)  # the square resolution, or the image's bucket
+        item = self.data.item(image_index, kind)
+        target = self.data.target(image_index, kind)  # the square resolution, or the image's bucket
         tw, th = (target, target) if isinstance(target, int) else target
         _, (room_x, room_y) = cover_and_crop(item.width, item.height, (tw, th))
-        if self.use_cache or cfg.data.center_crop:
+        if self.data.use_cache or cfg.data.center_crop:
             left, top = room_x // 2, room_y // 2
         else:  # replays load_image_tensor's draws: the flip coin (when flipping), then left, then top
             rng = sample_rng(cfg.seed, epoch, expanded_index)
@@ -126,7 +148,14 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
         return [item.height, item.width, top, left, th, tw]
 
     # ---- loss ---------------------------------------------------------------------------------------------
-    def _predict(self, noisy, t, captions: list[str], rows) -> torch.Tensor:
+    def loss(self, samples: list[Sample]) -> torch.Tensor:
+        return self.data.loss(samples, self._rows_loss)
+
+    def _rows_loss(self, rows: list[Row], stream: int) -> torch.Tensor:
+        return ddpm_loss(rows, stream, data=self.data, vae=self.vae, noise_scheduler=self.noise_scheduler,
+                         prediction_type=self.prediction_type, predict=self._predict)
+
+    def _predict(self, noisy: torch.Tensor, t: torch.Tensor, captions: list[str], rows: list[Row]) -> torch.Tensor:
         device = self.ctx.device
         if self.text_embeddings is not None:
             cached = self.text_embeddings.stack(captions)
@@ -142,12 +171,17 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
                                 return_dict=False)[0]
 
     # ---- samples and outputs ------------------------------------------------------------------------------
-    def pipeline(self) -> StableDiffusionXLPipeline:
-        unwrap = self.ctx.unwrap
+    def pipeline(self) -> Any:
+        def unwrap(module):
+            return trained_weights.unwrapped(self.ctx, module)
+
         scheduler = DPMSolverMultistepScheduler.from_config(self.scheduler_config, prediction_type=self.prediction_type)
         return StableDiffusionXLPipeline(vae=self.vae, text_encoder=unwrap(self.text_encoder),
                                          text_encoder_2=unwrap(self.text_encoder_2), tokenizer=self.tokenizer,
                                          tokenizer_2=self.tokenizer_2, unet=unwrap(self.unet), scheduler=scheduler)
+
+    def render_samples(self, step: int):
+        return trained_weights.render_prompt_samples(self.cfg.sample, self.sample)
 
     @torch.no_grad()
     def sample(self, prompts: list[str], seeds: list[int], *, size: int | None = None, steps: int = 25,

@@ -1,37 +1,83 @@
-"""What SD3/3.5 and FLUX.1 share: a diffusers pipeline with a transformer trained by flow matching, frozen text
-encoders, LoRA on the transformer. The data side (scan, VAE latent cache, prior preservation, per-position
-randomness) is the SD family's, inherited; the maths is `flow_matching`. Subclasses say how to encode captions,
-how to call the transformer, which layers get LoRA, and the timestep shift.
+"""What SD3/3.5 and FLUX.1 share, as an object each of them holds: `FlowTransformerTrainer`, a diffusers pipeline
+with a transformer trained by flow matching, frozen text encoders, LoRA on the transformer (or a full fine-tune).
+The data side (scan, VAE latent cache, per-position randomness) is `CaptionedLatents`; the maths is
+`flow_matching`. The family holding it is its `FlowModel`: it says how to encode captions, how to call the
+transformer, which layers get LoRA, and the timestep shift.
 
 Text: the encoders are frozen, so every caption, sample prompt and negative prompt is encoded once into the
-disk cache (`trainer.families.components.text_cache`, keyed by the captions and the encoders) and the encoders then leave
-the GPU for good: T5-XXL alone is 9 GB in bf16. Samples are drawn from the cached embeddings.
+disk cache (`trainer.families.components.text_cache`, keyed by the captions and the encoders) and the encoders
+then leave the GPU for good: T5-XXL alone is 9 GB in bf16. Samples are drawn from the cached embeddings.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 
-from trainer.families.components.captioned import torch_generator
 from trainer.core.data.stream import position_seed
 from trainer.errors import UserError
 from trainer.families.components import flow_matching as fm
-from trainer.families.components import text_cache
-from trainer.families.sd.family import StableDiffusionFamily
+from trainer.families.components import text_cache, trained_weights
 from trainer.families.components.base_weights import frozen_dtype, place_frozen_network
+from trainer.families.components.captioned import torch_generator
+from trainer.families.components.captioned_latents import CaptionedLatents, Row
+from trainer.families.protocol import Sample, WorkerContext
 
 
-class FlowMatchingFamily(StableDiffusionFamily):
-    pipeline_class = None  # FluxPipeline / StableDiffusion3Pipeline
-    text_encoder_names: tuple[str, ...] = ()
-    t5_name = ""  # the T5 encoder's pipeline attribute (kept fp32 under fp16: T5 overflows)
+class FlowModel(Protocol):
+    """What a flow-matching family tells its trainer about its model."""
+
+    name: str
+    pipeline_class: Any  # FluxPipeline / StableDiffusion3Pipeline
+    text_encoder_names: tuple[str, ...]
+    t5_name: str  # the T5 encoder's pipeline attribute (kept fp32 under fp16: T5 overflows)
+
+    def default_lora_targets(self) -> dict[str, tuple[str, ...]]:
+        """{block list attribute: layer names inside one block}."""
+
+    def max_sequence_length(self) -> int: ...
+
+    def encode_caption(self, caption: str) -> dict[str, torch.Tensor]:
+        """The frozen encoders' outputs for one caption (batch dimension 1), on the device."""
+
+    def texts_for(self, prompt: str, negative_prompt: str) -> list[str]:
+        """What the pipeline encodes to sample one prompt (SD3 adds the negative prompt of its guidance)."""
+
+    def shift(self, latent_shape: tuple[int, ...]) -> float: ...
+
+    def forward(self, model: Any, noisy: torch.Tensor, sigmas: torch.Tensor, text: dict) -> torch.Tensor:
+        """The transformer's velocity prediction, in the latents' (B, C, H, W) layout."""
+
+    def sample_kwargs(self, negative_prompt: str) -> dict: ...
+
+    def embedded_prompt_kwargs(self, prompt: str, negative_prompt: str) -> dict:
+        """The pipeline's prompt arguments as cached embeddings (its text encoders are on the CPU)."""
+
+
+class FlowTransformerTrainer:
+    """Loads, adapts, trains and samples a flow-matching transformer for the family (`model`) holding it."""
+
+    def __init__(self, ctx: WorkerContext, model: FlowModel):
+        self.ctx = ctx
+        self.cfg = ctx.config
+        self.model = model
+        self.name = model.name
+        self.pipeline_class = model.pipeline_class
+        self.pipe: Any = None
+        self.transformer: Any = None
+        self.vae: Any = None
+        self.text_encoders: list[Any] = []
+        self.scheduler_config: dict[str, Any] = {}
+        self.lora_targets: list[str] = []
+        self.text_embeddings: dict[str, dict[str, torch.Tensor]] = {}  # without the disk cache: per run, in memory
+        self.text_cache: text_cache.TextEmbeddings | None = None
 
     # ---- models -------------------------------------------------------------------------------------------
     def load(self) -> None:
-        cfg, device, plan = self.cfg, self.ctx.device, self.ctx.plan
+        cfg, device, plan, model = self.cfg, self.ctx.device, self.ctx.plan, self.model
         if cfg.method == "full" and cfg.full.train_text_encoder:
             raise UserError(f"model.family={self.name}: full fine-tunes train the transformer only; set "
                             "full.train_text_encoder=false")
@@ -42,11 +88,8 @@ class FlowMatchingFamily(StableDiffusionFamily):
             raise UserError(f"model.family={self.name}: prior preservation is not supported yet; set prior.enabled=false")
         self.pipe = self._load_pipeline()
         self.transformer, self.vae = self.pipe.transformer, self.pipe.vae
-        self.text_encoders = [getattr(self.pipe, n) for n in self.text_encoder_names]
-        self.text_encoder = self.text_encoders[0]  # the SD family's attribute (only used in train/eval switches)
-        self.train_text_encoder = False
+        self.text_encoders = [getattr(self.pipe, n) for n in model.text_encoder_names]
         self.scheduler_config = dict(self.pipe.scheduler.config)
-        self.prediction_type = "flow_matching"
         for module in (self.transformer, self.vae, *self.text_encoders):
             module.requires_grad_(False)
             module.eval()
@@ -54,8 +97,8 @@ class FlowMatchingFamily(StableDiffusionFamily):
         # fp16 turns FLUX/SD3 losses into NaN (sd-scripts #1571, #1407): VAE and T5 stay fp32 under fp16.
         self.vae.to(device, dtype=torch.float32 if plan.precision == "fp16" else base_dtype)
         place_frozen_network(self.transformer, cfg.model.base_weights, device, frozen_dtype(plan.precision, cfg.method))
-        for name, te in zip(self.text_encoder_names, self.text_encoders):
-            te.to(device, dtype=torch.float32 if plan.precision == "fp16" and name == self.t5_name else base_dtype)
+        for name, te in zip(model.text_encoder_names, self.text_encoders):
+            te.to(device, dtype=torch.float32 if plan.precision == "fp16" and name == model.t5_name else base_dtype)
         if cfg.method == "full":
             self.transformer.requires_grad_(True)  # fp32 (frozen_dtype); FSDP shards it when it does not fit
         else:
@@ -63,9 +106,9 @@ class FlowMatchingFamily(StableDiffusionFamily):
         if cfg.train.gradient_checkpointing:
             self.transformer.enable_gradient_checkpointing()
         self.transformer.train()
-        self.unet = self.transformer  # the SD family's name for the trained network
-        self.text_embeddings: dict[str, dict[str, torch.Tensor]] = {}  # without the disk cache: per run, in memory
-        self.text_cache: text_cache.TextEmbeddings | None = None
+        self.text_embeddings = {}
+        self.text_cache = None
+        self.data = CaptionedLatents(self.ctx, self.vae)  # no class images: prior preservation is refused above
 
     def _add_lora(self) -> None:
         cfg = self.cfg
@@ -76,13 +119,14 @@ class FlowMatchingFamily(StableDiffusionFamily):
             raise UserError(f"flow.lora_targets={list(cfg.flow.lora_targets)} with flow.lora_blocks="
                             f"{cfg.flow.lora_blocks} selects no layer of this transformer")
         torch.manual_seed(cfg.seed)  # identical adapter init on every rank and every world size
-        self.transformer.add_adapter(LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+        alpha: Any = cfg.lora.alpha  # peft annotates lora_alpha as int; a float alpha only scales, as intended
+        self.transformer.add_adapter(LoraConfig(r=cfg.lora.rank, lora_alpha=alpha, lora_dropout=cfg.lora.dropout,
                                                 init_lora_weights="gaussian", target_modules=self.lora_targets))
         for p in self.transformer.parameters():
             if p.requires_grad:
                 p.data = p.data.float()  # trained weights stay fp32 whatever the precision
 
-    def _load_pipeline(self):
+    def _load_pipeline(self) -> Any:
         model = self.cfg.model
         local = Path(model.path).expanduser()
         try:
@@ -95,13 +139,9 @@ class FlowMatchingFamily(StableDiffusionFamily):
                             "diffusers folder (model_index.json, transformer/, vae/, text encoders, tokenizers) or "
                             "a hub id with network access.") from None
 
-    def default_lora_targets(self) -> dict[str, tuple[str, ...]]:
-        """{block list attribute: layer names inside one block}."""
-        raise NotImplementedError
-
     def lora_target_paths(self) -> list[str]:
         """Full module paths of the Linear layers that get LoRA (exact, so 'proj_out' never hits the final layer)."""
-        wanted = self.default_lora_targets()
+        wanted = self.model.default_lora_targets()
         if self.cfg.flow.lora_targets:
             wanted = {blocks: tuple(self.cfg.flow.lora_targets) for blocks in wanted}
         paths = []
@@ -111,46 +151,33 @@ class FlowMatchingFamily(StableDiffusionFamily):
                 paths.append(name)
         return paths
 
-    def trainable_modules(self) -> list[torch.nn.Module]:
-        return [self.transformer]
-
     def param_groups(self) -> list[dict]:
         return [{"params": [p for p in self.transformer.parameters() if p.requires_grad], "lr": self.cfg.train.lr}]
 
-    def _named_trainable(self):
-        for name, p in self.ctx.unwrap(self.transformer).named_parameters():  # FSDP: the gathered full weights
-            if p.requires_grad:
-                yield f"transformer.{name}", p
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        return trained_weights.trainable_state(self.ctx, (("transformer", self.transformer),))
+
+    def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
+        trained_weights.load_trainable_state(self.ctx, (("transformer", self.transformer),), state)
 
     # ---- text ---------------------------------------------------------------------------------------------
-    def max_sequence_length(self) -> int:
-        raise NotImplementedError
-
-    def encode_caption(self, caption: str) -> dict[str, torch.Tensor]:
-        """The frozen encoders' outputs for one caption (batch dimension 1), on the device."""
-        raise NotImplementedError
-
-    def texts_for(self, prompt: str, negative_prompt: str) -> list[str]:
-        """What the pipeline encodes to sample one prompt (SD3 adds the negative prompt of its guidance)."""
-        return [prompt]
-
     def prepare_data(self) -> int:
-        count = super().prepare_data()
+        count = self.data.prepare()
         if text_cache.cache_text_embeddings(self.cfg, family_default=True):
             self._cache_text()
         return count
 
     def _cache_text(self) -> None:
-        cfg, ctx = self.cfg, self.ctx
-        captions = [item.caption for item in self.images]
-        captions += [t for prompt in cfg.sample.prompts for t in self.texts_for(prompt, cfg.sample.negative_prompt)]
-        model = {"family": self.name, "path": cfg.model.path, "revision": cfg.model.revision,
-                 "encoders": [te.config.to_dict() for te in self.text_encoders],
-                 "max_length": self.max_sequence_length(), "dtype": [str(te.dtype) for te in self.text_encoders]}
-        folder = ctx.cache_dir / "text" / text_cache.text_cache_key(model, captions)
+        cfg, ctx, model = self.cfg, self.ctx, self.model
+        captions = [item.caption for item in self.data.images]
+        captions += [t for prompt in cfg.sample.prompts for t in model.texts_for(prompt, cfg.sample.negative_prompt)]
+        key = {"family": self.name, "path": cfg.model.path, "revision": cfg.model.revision,
+               "encoders": [te.config.to_dict() for te in self.text_encoders],
+               "max_length": model.max_sequence_length(), "dtype": [str(te.dtype) for te in self.text_encoders]}
+        folder = ctx.cache_dir / "text" / text_cache.text_cache_key(key, captions)
 
         def encode(batch: list[str]) -> dict[str, torch.Tensor]:
-            rows = [self.encode_caption(caption) for caption in batch]
+            rows = [model.encode_caption(caption) for caption in batch]
             return {k: torch.cat([row[k] for row in rows]) for k in rows[0]}
 
         self.text_cache = text_cache.build_text_cache(folder, captions, encode, rank=ctx.rank,
@@ -165,59 +192,52 @@ class FlowMatchingFamily(StableDiffusionFamily):
             return self.text_cache.stack(captions)
         for caption in captions:
             if caption not in self.text_embeddings:
-                self.text_embeddings[caption] = {k: v.detach() for k, v in self.encode_caption(caption).items()}
+                self.text_embeddings[caption] = {k: v.detach() for k, v in self.model.encode_caption(caption).items()}
         return {k: torch.cat([self.text_embeddings[c][k] for c in captions]) for k in self.text_embeddings[captions[0]]}
 
+    def cached(self, caption: str) -> dict[str, torch.Tensor]:
+        """One caption's cached embeddings as the pipeline's own encoding would have produced them."""
+        assert self.text_cache is not None, "only called when every prompt is in the cache"
+        dtype = self.text_encoders[0].dtype
+        return {k: v[None].to(self.ctx.device, dtype) for k, v in self.text_cache.get(caption).items()}
+
     # ---- loss ---------------------------------------------------------------------------------------------
-    def shift(self, latent_shape: tuple[int, ...]) -> float:
+    def static_shift(self) -> float:
+        """`flow.shift`, else the scheduler's own shift."""
         return float(self.cfg.flow.shift) if self.cfg.flow.shift else float(self.scheduler_config.get("shift", 1.0))
 
-    def forward(self, model, noisy: torch.Tensor, sigmas: torch.Tensor, text: dict) -> torch.Tensor:
-        """The transformer's velocity prediction, in the latents' (B, C, H, W) layout."""
-        raise NotImplementedError
+    def loss(self, samples: list[Sample], transformer: torch.nn.Module) -> torch.Tensor:
+        """Mean loss of a micro-batch through `transformer` (the wrapped one the loop accumulates on)."""
+        return self.data.loss(samples, lambda rows, stream: self._rows_loss(rows, stream, transformer))
 
-    def _diffusion_loss(self, rows, *, stream: int) -> torch.Tensor:
+    def _rows_loss(self, rows: list[Row], stream: int, transformer: torch.nn.Module) -> torch.Tensor:
         cfg, flow, device = self.cfg, self.cfg.flow, self.ctx.device
         vae = self.vae.config
-        latents, noises, sigmas, captions = [], [], [], []
+        latents, noises, sigma_list, captions = [], [], [], []
         for position, epoch, image_index, expanded_index, kind in rows:
-            mean, std = self._latent_dist(image_index, epoch, expanded_index, kind)
+            mean, std = self.data.latent_dist(image_index, epoch, expanded_index, kind)
             gen = torch_generator(position_seed(cfg.seed, position, stream))
             eps, sigma, noise = fm.draw_sample(gen, tuple(mean.shape), scheme=flow.timestep_sampling,
                                                logit_mean=flow.logit_mean, logit_std=flow.logit_std,
-                                               shift=self.shift(tuple(mean.shape)))
+                                               shift=self.model.shift(tuple(mean.shape)))
             latents.append((mean + std * eps - (vae.shift_factor or 0.0)) * vae.scaling_factor)
             noises.append(noise)
-            sigmas.append(sigma)
-            captions.append(self.images[image_index].caption if kind == "instance" else cfg.prior.class_prompt)
+            sigma_list.append(sigma)
+            captions.append(self.data.caption(image_index, kind))
         x0, noise = torch.stack(latents).to(device), torch.stack(noises).to(device)
-        sigmas = torch.tensor(sigmas, device=device, dtype=torch.float32)
+        sigmas = torch.tensor(sigma_list, device=device, dtype=torch.float32)
         noisy, target = fm.noisy_and_target(x0, noise, sigmas)
-        pred = self.forward(self.prepared[0], noisy.to(self.transformer.dtype), sigmas, self._text(captions))
+        pred = self.model.forward(transformer, noisy.to(self.transformer.dtype), sigmas, self._text(captions))
         return fm.per_sample_loss(pred, target, sigmas, flow.weighting)
 
-    # ---- samples and outputs ------------------------------------------------------------------------------
-    def pipeline(self):
-        return self.pipe
-
-    def sample_kwargs(self, negative_prompt: str) -> dict:
-        return {"max_sequence_length": self.max_sequence_length()}
-
-    def embedded_prompt_kwargs(self, prompt: str, negative_prompt: str) -> dict:
-        """The pipeline's prompt arguments as cached embeddings (its text encoders are on the CPU)."""
-        raise NotImplementedError
-
-    def _cached(self, caption: str) -> dict[str, torch.Tensor]:
-        dtype = self.text_encoders[0].dtype  # what the pipeline's own encoding would have produced
-        return {k: v[None].to(self.ctx.device, dtype) for k, v in self.text_cache.get(caption).items()}
-
-    def _sampling_pipeline(self, from_cache: bool):
+    # ---- samples ------------------------------------------------------------------------------------------
+    def _sampling_pipeline(self, from_cache: bool) -> Any:
         """The run's pipeline with the trained transformer (under FSDP: a plain model with the gathered weights);
         without its text encoders when the prompts come from the cache, so that nothing runs on the CPU copies
         and the pipeline's device is the transformer's."""
-        components = {**self.pipe.components, "transformer": self.ctx.unwrap(self.transformer)}
+        components = {**self.pipe.components, "transformer": trained_weights.unwrapped(self.ctx, self.transformer)}
         if from_cache:
-            components.update({name: None for name in self.text_encoder_names})
+            components.update({name: None for name in self.model.text_encoder_names})
         pipe = self.pipeline_class(**components)
         pipe.set_progress_bar_config(disable=True)
         return pipe
@@ -225,8 +245,8 @@ class FlowMatchingFamily(StableDiffusionFamily):
     @torch.no_grad()
     def sample(self, prompts: list[str], seeds: list[int], *, size: int | None = None, steps: int = 25,
                guidance_scale: float = 7.5, negative_prompt: str = ""):
-        cache = self.text_cache
-        from_cache = cache is not None and all(t in cache for p in prompts for t in self.texts_for(p, negative_prompt))
+        cache, model = self.text_cache, self.model
+        from_cache = cache is not None and all(t in cache for p in prompts for t in model.texts_for(p, negative_prompt))
         if cache is not None and not from_cache:  # a prompt the cache has not seen: the encoders come back
             text_cache.onload(self.ctx.device, *self.text_encoders)
         pipe = self._sampling_pipeline(from_cache)
@@ -237,9 +257,9 @@ class FlowMatchingFamily(StableDiffusionFamily):
             for prompt, seed in zip(prompts, seeds):
                 gen = torch.Generator(self.ctx.device).manual_seed(seed)
                 if from_cache:
-                    text = self.embedded_prompt_kwargs(prompt, negative_prompt)
+                    text = model.embedded_prompt_kwargs(prompt, negative_prompt)
                 else:
-                    text = {"prompt": prompt, **self.sample_kwargs(negative_prompt)}
+                    text = {"prompt": prompt, **model.sample_kwargs(negative_prompt)}
                 # The plan's precision, not the transformer's dtype: a full fine-tune's fp32 transformer meets
                 # the bf16 text encoders' embeddings here
                 low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.ctx.plan.precision)
@@ -252,10 +272,3 @@ class FlowMatchingFamily(StableDiffusionFamily):
             if cache is not None and not from_cache:
                 text_cache.offload(*self.text_encoders)
         return images
-
-    def save_outputs(self, out_dir: Path, *, step: int) -> list[str]:
-        from trainer.families.flow.outputs import save_flow_full, save_flow_lora
-
-        if self.cfg.method == "full":
-            return save_flow_full(self, out_dir, step=step)
-        return save_flow_lora(self, out_dir, step=step)

@@ -1,0 +1,93 @@
+"""What the UNet families (SD 1.x/2.x, SDXL) share besides the data: placing and adapting their models
+(`setup_models`) and the DDPM loss of a batch of samples (`ddpm_loss`), each family supplying its own UNet call."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from trainer.core.data.stream import position_seed
+from trainer.families.components import noise as diffusion
+from trainer.families.components.base_weights import frozen_dtype, place_frozen_network
+from trainer.families.components.captioned import torch_generator
+from trainer.families.components.captioned_latents import CaptionedLatents, Row
+
+Predict = Callable[[torch.Tensor, torch.Tensor, list[str], list[Row]], torch.Tensor]
+"""`predict(noisy latents, timesteps, captions, rows)`: the UNet's prediction with the family's conditioning."""
+
+
+def ddpm_loss(rows: list[Row], stream: int, *, data: CaptionedLatents, vae: Any, noise_scheduler: Any,
+              prediction_type: str, predict: Predict) -> torch.Tensor:
+    """Per-sample losses of `rows`: each sample's latent, noise and timestep drawn from its own generator
+    (seeded by its stream position and `stream`), noised by the scheduler, predicted, and weighted (Min-SNR)."""
+    cfg, device = data.cfg, data.ctx.device
+    latents, noises, timesteps, captions = [], [], [], []
+    factor = vae.config.scaling_factor
+    for position, epoch, image_index, expanded_index, kind in rows:
+        mean, std = data.latent_dist(image_index, epoch, expanded_index, kind)
+        gen = torch_generator(position_seed(cfg.seed, position, stream))
+        d = diffusion.draw(gen, tuple(mean.shape), num_timesteps=noise_scheduler.config.num_train_timesteps,
+                           noise_offset=cfg.train.noise_offset)
+        latents.append((mean + std * d.latent_eps) * factor)
+        noises.append(d.noise)
+        timesteps.append(d.timestep)
+        captions.append(data.caption(image_index, kind))
+    x0, noise = torch.stack(latents).to(device), torch.stack(noises).to(device)
+    t = torch.tensor(timesteps, device=device, dtype=torch.long)
+    noisy = noise_scheduler.add_noise(x0, noise, t)
+    pred = predict(noisy, t, captions, rows)
+    target = diffusion.target_for(noise_scheduler, x0, noise, t, prediction_type)
+    return diffusion.per_sample_loss(pred, target, scheduler=noise_scheduler, timesteps=t,
+                                     prediction_type=prediction_type, min_snr_gamma=cfg.train.min_snr_gamma)
+
+
+def setup_models(cfg, plan, device, *, unet, vae, text_encoders, train_text_encoder: bool, te_lora_kwargs=None) -> None:
+    """Shared by the UNet families (SD 1.x/2.x, SDXL): move and cast the models, add LoRA layers (or unfreeze for a
+    full fine-tune), keep trained weights fp32, gradient checkpointing, train/eval modes. `te_lora_kwargs[i]`:
+    extra peft LoraConfig arguments for text encoder i (e.g. which layers)."""
+    base_dtype = frozen_dtype(plan.precision, cfg.method)
+    # The VAE stays fp32 under fp16: SD VAEs (SDXL's above all) overflow to NaN latents in fp16 (black samples).
+    vae.to(device, dtype=torch.float32 if plan.precision == "fp16" else base_dtype)
+    place_frozen_network(unet, cfg.model.base_weights, device, base_dtype)  # fp8 / nf4: LoRA only (validated)
+    for text_encoder in text_encoders:
+        text_encoder.to(device, dtype=base_dtype)
+    if plan.attention == "xformers":
+        unet.enable_xformers_memory_efficient_attention()
+
+    torch.manual_seed(cfg.seed)  # identical adapter init on every rank and every world size
+    if cfg.method == "lora":
+        from peft import LoraConfig
+
+        def adapter(targets, **extra):
+            return LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+                              init_lora_weights="gaussian", target_modules=list(targets), **extra)
+
+        unet.add_adapter(adapter(cfg.lora.unet_targets))
+        if train_text_encoder:
+            from peft import inject_adapter_in_model
+
+            # transformers' own add_adapter refuses peft < 0.22; injecting directly works with every peft
+            for i, text_encoder in enumerate(text_encoders):
+                extra = (te_lora_kwargs or {}).get(i, {})
+                inject_adapter_in_model(adapter(cfg.lora.text_encoder_targets, **extra), text_encoder)
+    else:
+        unet.requires_grad_(True)
+        for text_encoder in text_encoders:
+            text_encoder.requires_grad_(train_text_encoder)
+    trained = [unet] + (list(text_encoders) if train_text_encoder else [])
+    for module in trained:
+        for p in module.parameters():
+            if p.requires_grad:
+                p.data = p.data.float()  # trained weights stay fp32 whatever the precision
+    if cfg.train.gradient_checkpointing:
+        unet.enable_gradient_checkpointing()
+        if train_text_encoder:
+            for text_encoder in text_encoders:
+                enable = getattr(text_encoder, "activation_checkpointing_enable", None)
+                (enable or text_encoder.gradient_checkpointing_enable)()
+    unet.train()
+    for text_encoder in text_encoders:
+        text_encoder.train(train_text_encoder)
+    vae.eval()
