@@ -313,7 +313,7 @@ def breakdown(config, plan, warmup_calls: int = 200, calls: int = 2000) -> list[
     counter = iter(range(10**9))
 
     def per_sample_draws():
-        # What StableDiffusionFamily._diffusion_loss does per sample before the batched maths: the stream
+        # What trainer.families.components.unet_training.ddpm_loss does per sample before the batched maths: the stream
         # position -> item, the flip coin, a generator and its three draws.
         pos = next(counter)
         epoch, idx = stream.item(pos)

@@ -211,7 +211,9 @@ class TrainConfig:
         1.0, "polynomial: the decay's power (1.0 is linear decay to zero, 2.0 quadratic).")
     warmup_steps: int = key(0, "Linear warmup, in optimizer steps.")
     max_grad_norm: float = key(1.0, "Clip the gradient norm to this (0 disables clipping).")
-    noise_offset: float = key(0.0, "Noise offset (0.05-0.1 helps very dark/bright images); 0 disables it.")
+    noise_offset: float = key(
+        0.0, "Noise offset: a random per-channel shift of each sample's noise (0.05-0.1 helps very dark or bright "
+        "images), in every diffusion family (for SD3/FLUX the velocity target carries it); 0 disables it.")
     min_snr_gamma: Optional[float] = key(
         None, "Min-SNR loss weighting gamma (5 is usual) for the UNet families (SD, SDXL); unset disables it. "
         "SD3 and FLUX refuse it: their loss weighting is `flow.weighting`.")

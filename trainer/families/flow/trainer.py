@@ -219,7 +219,8 @@ class FlowTransformerTrainer:
             gen = torch_generator(position_seed(cfg.seed, position, stream))
             eps, sigma, noise = fm.draw_sample(gen, tuple(mean.shape), scheme=flow.timestep_sampling,
                                                logit_mean=flow.logit_mean, logit_std=flow.logit_std,
-                                               shift=self.model.shift(tuple(mean.shape)))
+                                               shift=self.model.shift(tuple(mean.shape)),
+                                               noise_offset=cfg.train.noise_offset)
             latents.append((mean + std * eps - (vae.shift_factor or 0.0)) * vae.scaling_factor)
             noises.append(noise)
             sigma_list.append(sigma)
