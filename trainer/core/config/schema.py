@@ -10,21 +10,14 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Optional, Union
 
+from trainer.core.config.fields import key
+from trainer.families import SPECS  # torch-free: the registry of family specs
+from trainer.families.detection.architectures import NAMES as DETECTION_ARCHITECTURES
+# The sections only one family reads live in its folder; Config below holds one field per such section.
+from trainer.families.detection.config import DetectionConfig
+from trainer.families.flow.config import FlowConfig
+
 SCHEMA_VERSION = 1
-
-
-def key(default: Any, help: str, *, choices: tuple[str, ...] | None = None, group: str | None = None):
-    """A documented config field. Lists/dicts are copied per instance."""
-    meta = {"help": help, "choices": choices, "group": group}
-    if isinstance(default, (list, dict)):
-        def fresh() -> Any:
-            return type(default)(default)
-        return field(default_factory=fresh, metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-from trainer.families import SPECS  # noqa: E402  (torch-free: the registry of family specs)
-from trainer.families.detection.architectures import NAMES as DETECTION_ARCHITECTURES  # noqa: E402
 
 
 @dataclass
@@ -85,36 +78,6 @@ class FullConfig:
     ema: bool = key(False, "Keep an exponential moving average of the trained weights and save it as the output.")
     ema_decay: float = key(0.9999, "EMA decay per optimizer step (0 to 1).")
     save_single_file: bool = key(True, "Also write the result as one `.safetensors` file for A1111 / ComfyUI.")
-
-
-@dataclass
-class FlowConfig:
-    """Flow-matching families (SD3/3.5, FLUX.1): timestep sampling, shift, guidance, which layers get LoRA."""
-
-    timestep_sampling: str = key(
-        "logit_normal", "How training timesteps are drawn: `logit_normal` (sigmoid of a normal; SD3/FLUX) or `uniform`.",
-        choices=("logit_normal", "uniform"),
-    )
-    logit_mean: float = key(0.0, "Mean of the normal under `logit_normal` sampling (negative: less noisy timesteps).")
-    logit_std: float = key(1.0, "Standard deviation of the normal under `logit_normal` sampling.")
-    shift: Optional[float] = key(
-        None, "Timestep shift s (sigma = s*u / (1 + (s-1)*u)); unset: the model's own (SD3: 3.0 from its scheduler; "
-        "FLUX dev: resolution-dependent, e^1.15 at 1024 px; FLUX schnell: 1).",
-    )
-    weighting: str = key("none", "Loss weighting per timestep: `none`, `sigma_sqrt` or `cosmap`.",
-                         choices=("none", "sigma_sqrt", "cosmap"))
-    guidance: float = key(1.0, "FLUX dev: the guidance value fed to the guidance embedding while training (1 is usual).")
-    max_sequence_length: Optional[int] = key(
-        None, "T5 tokens per caption; unset: the model's default (FLUX dev 512, schnell 256, SD3 256).")
-    lora_targets: list[str] = key(
-        [], "Layer names inside each transformer block that get LoRA (e.g. `attn.to_q`, `ff.net.2`, `proj_mlp`); "
-        "empty: every attention projection and MLP of the family.",
-    )
-    lora_blocks: str = key(
-        "all", "FLUX: which blocks get LoRA: `all`, `double` (the 19 two-stream blocks) or `single` (the 38 "
-        "single-stream blocks). SD3: ignored (all its blocks are joint blocks).",
-        choices=("all", "double", "single"),
-    )
 
 
 @dataclass
@@ -232,53 +195,6 @@ class SampleConfig:
     steps: int = key(25, "Inference steps per sample.")
     guidance_scale: float = key(7.5, "Classifier-free guidance scale.")
     size: Optional[int] = key(None, "Sample size in pixels; defaults to `data.resolution`.")
-
-
-@dataclass
-class DetectionConfig:
-    """Object detection (`model.family: detection`, `method: full`): torchvision detectors, COCO/YOLO data, mAP."""
-
-    weights: str = key(
-        "coco",
-        "Starting weights: `coco` (torchvision's COCO-pretrained DEFAULT weights, downloaded once: needs network), "
-        "`none` (random initialisation), or a local file (a torchvision state dict `.pth`, or a `.safetensors` "
-        "written by this trainer). The classification head is replaced for the dataset's classes; pretrained "
-        "backbones get frozen BatchNorm.",
-    )
-    trainable_backbone_layers: Optional[int] = key(
-        None,
-        "With pretrained weights, how many backbone stages train, counted from the top (0: frozen backbone; ResNet "
-        "0-5, MobileNet 0-6). Unset: torchvision's default (3; SSDlite all). Random init trains everything.",
-    )
-    sync_batchnorm: bool = key(
-        False, "Share trainable BatchNorm statistics across GPUs (SyncBatchNorm): CUDA only; helps small per-device "
-        "batches with random-init backbones.",
-    )
-    images: str = key(
-        "", "COCO: the folder the JSON's `file_name`s are relative to. Empty: found next to the JSON file (itself, "
-        "`images/`, or `../train2017` for `instances_train2017.json`).",
-    )
-    val_path: str = key(
-        "", "COCO validation annotations (`.json`). Empty: YOLO's `val`, a `val.json` next to `train.json`, else "
-        "`detection.val_fraction` of the training images.",
-    )
-    val_fraction: float = key(
-        0.1, "Share of the training images kept for validation when none is given (chosen with `seed`).")
-    augment: list[str] = key(
-        [], "Augmentations besides `data.flip` (torchvision transforms v2; boxes follow): `color` (photometric "
-        "distortion), `zoom_out` (SSD zoom-out), `iou_crop` (SSD random IoU crop).",
-    )
-    score_threshold: float = key(0.3, "Boxes scoring at least this are drawn in samples and returned by `predict`.")
-    max_detections: int = key(
-        100, "Most boxes per image at evaluation and inference (COCO counts 100); also keeps the evaluation of "
-        "random-init detectors (thousands of low-score boxes) fast.",
-    )
-    eval_images: int = key(0, "Evaluate on at most this many validation images (0: all of them).")
-    sample_images: int = key(
-        4, "Validation images drawn with their true (left) and predicted (right) boxes per sample step.")
-    best_metric: str = key(
-        "map", "Metric that keeps `checkpoints/best/`: `map` (COCO mAP@[.5:.95]) or `map50`.", choices=("map", "map50")
-    )
 
 
 @dataclass
