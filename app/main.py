@@ -18,7 +18,7 @@ from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # nothing phones home
 
-from app.security import Workspace, auth_from_env, check_exposure
+from app.security import Workspace, auth_from_env, check_exposure, login_for
 from trainer.errors import UserError
 
 MAX_UPLOAD = "20mb"  # nothing in the UI takes uploads; a limit keeps Gradio's upload route from filling the disk
@@ -60,7 +60,8 @@ def check_runs_dir(runs_dir: str | Path, workspace_root: Path) -> None:
 def main(host: str = "127.0.0.1", port: int = 7860, auth: tuple[str, str] | None = None, share: bool = False,
          insecure: bool = False, runs_dir: str | Path = "runs", home: str | Path | None = None,
          workspace: str | Path | None = None, inbrowser: bool = False, allowed_origins=(), clock=None) -> int:
-    auth = auth_from_env(auth)
+    auth = login_for(host, share, auth_from_env(auth), insecure, say=lambda text: print(text, file=sys.stderr,
+                                                                                         flush=True))
     os.environ.pop("IMAGETUNE_AUTH", None)  # runs started from the UI inherit its environment; not the password
     check_exposure(host, share, auth, insecure)
     ws = Workspace.for_server(host, share, workspace)

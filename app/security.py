@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +48,22 @@ def auth_from_env(auth: tuple[str, str] | None, environ=os.environ) -> tuple[str
 
 def is_exposed(host: str, share: bool) -> bool:
     return bool(share) or host not in LOCAL_HOSTS
+
+
+GENERATED_USER = "imagetune"
+
+
+def login_for(host: str, share: bool, auth, insecure: bool, say=print):
+    """The login the UI will require: the one given; else, when the UI is reachable from other machines (and
+    not --insecure), one made up for this start and said once (`say`), so an exposed UI never runs open and a
+    first start on a cloud box still works."""
+    if auth or insecure or not is_exposed(host, share):
+        return auth
+    password = secrets.token_urlsafe(18)  # 24 characters, 144 bits
+    say(f"No login was given for a UI reachable from other machines, so this start made one: user "
+        f"{GENERATED_USER}, password {password} (shown only here; set {AUTH_ENV}=user:password to choose your "
+        "own).")
+    return (GENERATED_USER, password)
 
 
 def check_exposure(host: str, share: bool, auth, insecure: bool) -> None:

@@ -7,7 +7,7 @@
     COMMAND [ARG ...]               anything else is run as it is (bash, nvidia-smi, python ...)
     --healthcheck                   Docker's HEALTHCHECK: is the web UI answering?
 
-Environment (all optional except a login for the web UI):
+Environment (all optional; without a login the web UI makes one at start and prints it once in the log):
     IMAGETUNE_AUTH=user:password              the web UI's login (passed on to launch.py in its environment, never
                                               on its command line), or
     IMAGETUNE_USERNAME / IMAGETUNE_PASSWORD   the same in two variables (username defaults to `admin`)
@@ -182,14 +182,8 @@ def plan(args: list[str], env: dict[str, str]) -> Plan:
     elif not login and not has_flag & {"--auth", "--insecure"}:
         if env.get("IMAGETUNE_INSECURE", "").strip().lower() in TRUE:
             argv.append("--insecure")
-        else:
-            raise Refusal(
-                "The web UI is served to the network from inside this container, and without a login anyone who "
-                "can reach its port could start jobs and read files. Set a login with -e IMAGETUNE_AUTH=user:password "
-                "(or IMAGETUNE_USERNAME and IMAGETUNE_PASSWORD; on RunPod, in the template's environment "
-                "variables), or set IMAGETUNE_INSECURE=1 if the network is trusted. Headless runs need no login: "
-                "pass --preset PRESET [KEY=VALUE ...]."
-            )
+        # else: launch.py makes a login for this start and prints it once (the container's log): an exposed UI
+        # never runs open, and a template started without IMAGETUNE_AUTH still works.
     pod = env.get("RUNPOD_POD_ID", "").strip()
     if pod:  # RunPod's HTTP proxy serves the pod's port at this origin: its pages may call the UI
         proxy = f"https://{pod}-{ui_port(args, env)}.proxy.runpod.net"

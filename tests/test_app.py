@@ -401,6 +401,19 @@ def test_dataset_check_reports_counts_repeats_and_problems(tmp_path):
 # Who may connect, which paths may be typed
 
 
+def test_an_exposed_ui_without_a_login_makes_one_and_says_it_once():
+    from app.security import login_for
+
+    said = []
+    assert login_for("127.0.0.1", False, None, False, say=said.append) is None and not said  # this machine only
+    assert login_for("0.0.0.0", False, ("me", "a-long-password"), False, say=said.append) == ("me", "a-long-password")
+    assert login_for("0.0.0.0", False, None, True, say=said.append) is None and not said  # --insecure
+    user, password = login_for("0.0.0.0", False, None, False, say=said.append)
+    other = login_for("0.0.0.0", False, None, False, say=said.append)[1]
+    assert len(password) >= 24 and password != other and len(said) == 2 and password in said[0]
+    check_exposure("0.0.0.0", False, (user, password), False)  # strong enough for the exposure rules
+
+
 def test_serving_beyond_this_machine_needs_a_login():
     check_exposure("127.0.0.1", False, None, False)
     for host, share in (("0.0.0.0", False), ("192.168.1.5", False), ("127.0.0.1", True)):
@@ -417,17 +430,18 @@ def test_serving_beyond_this_machine_needs_a_login():
         parse_auth("nopassword")
 
 
-def test_main_refuses_an_exposed_host_without_auth_before_building_anything(monkeypatch, tmp_path):
+def test_main_refuses_a_guessable_password_on_an_exposed_host_before_building_anything(monkeypatch, tmp_path):
     import app.main
 
-    monkeypatch.delenv("IMAGETUNE_AUTH", raising=False)
-    with pytest.raises(UserError, match="Refusing"):
+    monkeypatch.setenv("IMAGETUNE_AUTH", "me:short")
+    with pytest.raises(UserError, match="at least 12"):
         app.main.main(host="0.0.0.0", port=1, runs_dir=tmp_path / "runs")
     assert not (tmp_path / "runs").exists()
     result = subprocess.run([sys.executable, "launch.py", "--host", "0.0.0.0", "--runs-dir", str(tmp_path / "r")],
                             cwd=REPO, capture_output=True, text=True, timeout=120,
-                            env={k: v for k, v in os.environ.items() if k != "IMAGETUNE_AUTH"})
-    assert result.returncode == 2 and "--auth" in result.stderr and "Traceback" not in result.stderr
+                            env={**os.environ, "IMAGETUNE_AUTH": "me:short"})
+    assert result.returncode == 2 and "IMAGETUNE_AUTH" in result.stderr and "Traceback" not in result.stderr
+    assert "short" not in result.stderr  # the password itself is never echoed
 
 
 def test_workspace_confinement_rejects_paths_outside_the_root(tmp_path):
