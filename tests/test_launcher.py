@@ -262,7 +262,7 @@ def test_dry_run_creates_nothing(paths):
     (["--preset", "PRESET", "devices=cpu:4", "batch.total=2"], "batch.total"),
     (["--preset", "PRESET", "notakeyvalue"], "KEY=VALUE"),
     (["--resume", "nowhere"], "not a run folder"),
-    (["--host", "0.0.0.0"], "--auth"),
+    (["--host", "0.0.0.0", "--auth", "nocolon"], "user:password"),
 ])
 def test_user_mistakes_exit_2_without_traceback(paths, args, words):
     preset = write_preset(paths)

@@ -194,7 +194,11 @@ class SampleConfig:
     seed: int = key(0, "Seed of the first prompt's noise (prompt i uses seed + i), fixed across the run.")
     steps: int = key(25, "Inference steps per sample.")
     guidance_scale: float = key(7.5, "Classifier-free guidance scale.")
-    size: Optional[int] = key(None, "Sample size in pixels; defaults to `data.resolution`.")
+    size: Optional[int] = key(None, "Square sample size in pixels (`sample.width`/`height` for other shapes).")
+    width: Optional[int] = key(
+        None, "Sample width in pixels. Unset: `sample.size`, else the most common aspect-ratio bucket's width in a "
+        "bucketed run, else `data.resolution`.")
+    height: Optional[int] = key(None, "Sample height in pixels; unset as for `sample.width`.")
 
 
 @dataclass

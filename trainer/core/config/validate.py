@@ -92,6 +92,11 @@ def validate(config: Config, *, check_paths: bool = True) -> list[str]:
     if multiple and (res < multiple or res % multiple):
         p.append(f"data.resolution: must be a multiple of {multiple} (the VAE downsamples by {multiple}), "
                  f"got {res}")
+    sample_multiple = spec.bucket_multiple or multiple
+    for side in ("size", "width", "height"):
+        value = getattr(config.sample, side)
+        if value is not None and sample_multiple and (value < sample_multiple or value % sample_multiple):
+            p.append(f"sample.{side}: must be a multiple of {sample_multiple} for {config.model.family}, got {value}")
     if config.data.bucketing and spec.bucket_multiple:
         p += _bucket_problems(config, spec.bucket_multiple)
     lora = config.lora

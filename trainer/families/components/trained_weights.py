@@ -38,6 +38,14 @@ def trainable_state(ctx: WorkerContext, modules: NamedModules) -> dict[str, torc
     return {name: p.detach().float().cpu().contiguous() for name, p in named_trainable(ctx, modules)}
 
 
+def pixel_size(size: int | tuple[int, int] | None, resolution: int) -> tuple[int, int]:
+    """(width, height) from a family `sample()`'s `size`: a (width, height) pair, a square side, or None (the
+    training resolution)."""
+    if isinstance(size, tuple):
+        return size
+    return (size or resolution, size or resolution)
+
+
 def load_trainable_state(ctx: WorkerContext, modules: NamedModules, state: dict[str, torch.Tensor]) -> None:
     """Copy a checkpoint's tensors into the trained parameters; every one of them must be there."""
     params = dict(named_trainable(ctx, modules))
@@ -49,12 +57,23 @@ def load_trainable_state(ctx: WorkerContext, modules: NamedModules, state: dict[
             p.copy_(state[name].to(p.device, p.dtype))
 
 
-def render_prompt_samples(sample_cfg, sample: Callable[..., list[Image.Image]]) -> list[tuple[str, Image.Image]]:
+def sample_shape(sample_cfg, resolution: int, buckets: list[tuple[int, int]] | None = None,
+                 item_buckets: list[int] | None = None) -> tuple[int, int]:
+    """(width, height) of the samples: `sample.width`/`height`, else `sample.size` (square), else the bucket most
+    items train at (a bucketed run is judged at the shape it learns most), else the training resolution."""
+    default = (sample_cfg.size, sample_cfg.size) if sample_cfg.size else (resolution, resolution)
+    if not sample_cfg.size and buckets and item_buckets:
+        default = buckets[max(set(item_buckets), key=lambda b: (item_buckets.count(b), -b))]
+    return sample_cfg.width or default[0], sample_cfg.height or default[1]
+
+
+def render_prompt_samples(sample_cfg, sample: Callable[..., list[Image.Image]],
+                          shape: tuple[int, int]) -> list[tuple[str, Image.Image]]:
     """The preset's sample prompts (`sample.*`), each with its own fixed seed so steps compare, drawn by the
-    family's `sample(prompts, seeds, *, size, steps, guidance_scale, negative_prompt)`."""
+    family's `sample(prompts, seeds, *, size, steps, guidance_scale, negative_prompt)` at `shape` (sample_shape)."""
     if not sample_cfg.prompts:
         return []
     seeds = [sample_cfg.seed + i for i in range(len(sample_cfg.prompts))]
-    images = sample(list(sample_cfg.prompts), seeds, size=sample_cfg.size, steps=sample_cfg.steps,
+    images = sample(list(sample_cfg.prompts), seeds, size=shape, steps=sample_cfg.steps,
                     guidance_scale=sample_cfg.guidance_scale, negative_prompt=sample_cfg.negative_prompt)
     return list(zip(sample_cfg.prompts, images))

@@ -61,7 +61,9 @@ class SD3Family:
         return self.flow.loss(samples, self.prepared[0])
 
     def render_samples(self, step: int):
-        return trained_weights.render_prompt_samples(self.cfg.sample, self.sample)
+        shape = trained_weights.sample_shape(self.cfg.sample, self.cfg.data.resolution, self.flow.data.buckets,
+                                             self.flow.data.item_buckets)
+        return trained_weights.render_prompt_samples(self.cfg.sample, self.sample, shape)
 
     def sample(self, prompts: list[str], seeds: list[int], **options):
         return self.flow.sample(prompts, seeds, **options)

@@ -244,14 +244,14 @@ class FlowTransformerTrainer:
         return pipe
 
     @torch.no_grad()
-    def sample(self, prompts: list[str], seeds: list[int], *, size: int | None = None, steps: int = 25,
+    def sample(self, prompts: list[str], seeds: list[int], *, size: int | tuple[int, int] | None = None, steps: int = 25,
                guidance_scale: float = 7.5, negative_prompt: str = ""):
         cache, model = self.text_cache, self.model
         from_cache = cache is not None and all(t in cache for p in prompts for t in model.texts_for(p, negative_prompt))
         if cache is not None and not from_cache:  # a prompt the cache has not seen: the encoders come back
             text_cache.onload(self.ctx.device, *self.text_encoders)
         pipe = self._sampling_pipeline(from_cache)
-        size = size or self.cfg.data.resolution
+        width, height = trained_weights.pixel_size(size, self.cfg.data.resolution)
         self.transformer.eval()
         images = []
         try:
@@ -265,7 +265,7 @@ class FlowTransformerTrainer:
                 # the bf16 text encoders' embeddings here
                 low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.ctx.plan.precision)
                 with torch.autocast(self.ctx.device.type, dtype=low or torch.float32, enabled=low is not None):
-                    out = pipe(height=size, width=size, num_inference_steps=steps, generator=gen,
+                    out = pipe(height=height, width=width, num_inference_steps=steps, generator=gen,
                                guidance_scale=guidance_scale, **text)
                 images.append(out.images[0])
         finally:

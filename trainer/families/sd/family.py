@@ -114,14 +114,16 @@ class StableDiffusionFamily:
                                        feature_extractor=None, requires_safety_checker=False)
 
     def render_samples(self, step: int):
-        return trained_weights.render_prompt_samples(self.cfg.sample, self.sample)
+        shape = trained_weights.sample_shape(self.cfg.sample, self.cfg.data.resolution, self.data.buckets,
+                                             self.data.item_buckets)
+        return trained_weights.render_prompt_samples(self.cfg.sample, self.sample, shape)
 
     @torch.no_grad()
-    def sample(self, prompts: list[str], seeds: list[int], *, size: int | None = None, steps: int = 25,
+    def sample(self, prompts: list[str], seeds: list[int], *, size: int | tuple[int, int] | None = None, steps: int = 25,
                guidance_scale: float = 7.5, negative_prompt: str = ""):
         pipe = self.pipeline()
         pipe.set_progress_bar_config(disable=True)
-        size = size or self.cfg.data.resolution
+        width, height = trained_weights.pixel_size(size, self.cfg.data.resolution)
         was_training = [m.training for m in (self.unet, self.text_encoder)]
         self.unet.eval(), self.text_encoder.eval()
         images = []
@@ -130,7 +132,7 @@ class StableDiffusionFamily:
                 gen = torch.Generator(self.ctx.device).manual_seed(seed)
                 dtype = pipe.unet.dtype  # the sampling copy's (FSDP: low precision, see FSDP.gathered)
                 with torch.autocast(self.ctx.device.type, dtype=dtype, enabled=dtype != torch.float32):
-                    out = pipe(prompt, negative_prompt=negative_prompt or None, height=size, width=size,
+                    out = pipe(prompt, negative_prompt=negative_prompt or None, height=height, width=width,
                                num_inference_steps=steps, guidance_scale=guidance_scale, generator=gen)
                 images.append(out.images[0])
         finally:

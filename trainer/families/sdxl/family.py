@@ -181,10 +181,12 @@ class StableDiffusionXLFamily:
                                          tokenizer_2=self.tokenizer_2, unet=unwrap(self.unet), scheduler=scheduler)
 
     def render_samples(self, step: int):
-        return trained_weights.render_prompt_samples(self.cfg.sample, self.sample)
+        shape = trained_weights.sample_shape(self.cfg.sample, self.cfg.data.resolution, self.data.buckets,
+                                             self.data.item_buckets)
+        return trained_weights.render_prompt_samples(self.cfg.sample, self.sample, shape)
 
     @torch.no_grad()
-    def sample(self, prompts: list[str], seeds: list[int], *, size: int | None = None, steps: int = 25,
+    def sample(self, prompts: list[str], seeds: list[int], *, size: int | tuple[int, int] | None = None, steps: int = 25,
                guidance_scale: float = 7.5, negative_prompt: str = ""):
         device = self.ctx.device
         offloaded = self.text_embeddings is not None
@@ -192,7 +194,7 @@ class StableDiffusionXLFamily:
             text_cache.onload(device, self.text_encoder, self.text_encoder_2)
         pipe = self.pipeline()
         pipe.set_progress_bar_config(disable=True)
-        size = size or self.cfg.data.resolution
+        width, height = trained_weights.pixel_size(size, self.cfg.data.resolution)
         modules = (self.unet, self.text_encoder, self.text_encoder_2)
         was_training = [m.training for m in modules]
         for m in modules:
@@ -203,7 +205,7 @@ class StableDiffusionXLFamily:
                 gen = torch.Generator(device).manual_seed(seed)
                 dtype = pipe.unet.dtype  # the sampling copy's (FSDP: low precision, see FSDP.gathered)
                 with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-                    latents = pipe(prompt, negative_prompt=negative_prompt or None, height=size, width=size,
+                    latents = pipe(prompt, negative_prompt=negative_prompt or None, height=height, width=width,
                                    num_inference_steps=steps, guidance_scale=guidance_scale, generator=gen,
                                    output_type="latent").images
                 images.append(self._decode(pipe, latents))
