@@ -24,6 +24,7 @@ from typing import Optional
 
 from PIL import Image
 
+from trainer.core.data.integrity import decode_problems
 from trainer.errors import UserError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
@@ -123,8 +124,12 @@ def scan_dataset(
     images = _image_files(root, folders, others, metadata, extension, scan.warnings)
 
     captions_by_folder: dict[Path, dict[str, Path]] = {}
-    for file, repeats, folder_prompt in images:
+    broken = decode_problems(file for file, _, _ in images)
+    for (file, repeats, folder_prompt), problem in zip(images, broken):
         rel = file.relative_to(root).as_posix()
+        if problem:
+            scan.warnings.append(f"{rel}: {problem}; skipped")
+            continue
         size = _read_size(file, rel, scan.warnings)
         if size is None:
             continue
@@ -233,14 +238,13 @@ def require_usable(scan: DatasetScan, key: str = "data.path") -> None:
 
 
 def _read_size(file: Path, rel: str, warnings: list[str]) -> Optional[tuple[int, int]]:
-    """Width and height from the header only (PIL opens lazily); `verify` catches truncated or broken files."""
+    """Width and height from the header only (PIL opens lazily; trainer.core.data.integrity decoded it)."""
     try:
         with Image.open(file) as img:
             width, height = img.size
             # Only read EXIF when it came with the header: for PNG, getexif() would decode the whole image.
             if "exif" in img.info and img.getexif().get(0x0112) in _SWAPPING_ORIENTATIONS:
                 width, height = height, width
-            img.verify()
     except Exception as exc:  # PIL raises many types (OSError, SyntaxError, DecompressionBombError, ...)
         warnings.append(f"{rel}: cannot be read as an image ({exc}); skipped")
         return None

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from trainer.core.data.integrity import decode_problems
 from trainer.errors import UserError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
@@ -232,6 +233,14 @@ def read_coco(json_path: Path, id_to_label: dict[int, int] | None, images_dir: s
                 continue
             width, height = size
         records[im["id"]] = DetRecord(str(path), width, height)
+    # The json's sizes mean the files were never opened: a truncated or non-image file would kill the run at
+    # its first use. Every image is decoded once, here (trainer.core.data.integrity).
+    for (image_id, record), problem in zip(list(records.items()), decode_problems(r.path for r in records.values())):
+        if problem:
+            report.add("unreadable_image", f"{name}: image {image_id} '{Path(record.path).name}' ({record.path}) "
+                                           f"{problem}; skipped with its annotations")
+            skipped.add(image_id)
+            del records[image_id]
     for ann in data["annotations"]:
         if not isinstance(ann, dict):
             report.add("malformed", f"{name}: annotation {ann!r:.60} is not an object; skipped")
@@ -406,7 +415,13 @@ def read_yolo(yaml_path: Path, report: _Report, problems: list[str]):
         files = _yolo_images(data[key], root, key, name, problems, report)
         if not files and not any(p.startswith(f"{name}: {key}:") for p in problems):
             problems.append(f"{name}: {key}: no images found under {data[key]!r} (root {root})")
-        records = [r for r in (_yolo_record(f, len(classes), report) for f in files) if r is not None]
+        decodable = []
+        for file, problem in zip(files, decode_problems(files)):
+            if problem:
+                report.add("unreadable_image", f"{file}: {problem}; skipped")
+            else:
+                decodable.append(file)
+        records = [r for r in (_yolo_record(f, len(classes), report) for f in decodable) if r is not None]
         splits.append(records)
     return classes, splits[0] or [], splits[1]
 
