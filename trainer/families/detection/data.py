@@ -235,9 +235,9 @@ def read_coco(json_path: Path, id_to_label: dict[int, int] | None, images_dir: s
         records[im["id"]] = DetRecord(str(path), width, height)
     # The json's sizes mean the files were never opened: a truncated or non-image file would kill the run at
     # its first use. Every image is decoded once, here (trainer.core.data.integrity).
-    for (image_id, record), problem in zip(list(records.items()), decode_problems(r.path for r in records.values())):
+    for (image_id, entry), problem in zip(list(records.items()), decode_problems(r.path for r in records.values())):
         if problem:
-            report.add("unreadable_image", f"{name}: image {image_id} '{Path(record.path).name}' ({record.path}) "
+            report.add("unreadable_image", f"{name}: image {image_id} '{Path(entry.path).name}' ({entry.path}) "
                                            f"{problem}; skipped with its annotations")
             skipped.add(image_id)
             del records[image_id]
