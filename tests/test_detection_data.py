@@ -69,8 +69,9 @@ def test_coco_maps_categories_and_reports_every_bad_annotation(coco):
                      "annotation 13 (image 'b.png'): category_id 99 is not one of the categories (3, 7, 12)",
                      "annotation 14 (image 'b.png'): bbox [1, 1, 5] is not [x, y, width, height]",
                      "image 4 'gone.png': no file at", "annotation 16 refers to image 42",
-                     "1: crowd annotations"):
+                     "annotation 17 (image 'crowded.png'): a crowd region (iscrowd=1)"):
         assert expected in text, expected
+    assert not any(w.split(":")[0].strip().isdigit() for w in scan.warnings)  # no "26: ..." that reads like a line
 
 
 def test_coco_validation_file_and_images_folder(tmp_path, coco):
@@ -130,7 +131,7 @@ def test_yolo_layout_with_every_bad_line(tmp_path):
     assert "train/t1.txt line 6: has 4 values" in text
     assert "train/t1.txt line 2: box" in text and "clipped" in text
     assert "train/t2.txt line 1: box" in text and "zero area" in text
-    assert "1: images without a label file" in text
+    assert "images/train/nolabel.jpg: no label file" in text and "trains as an empty (background) image" in text
     # the folder works as well as the yaml; a .txt list with a missing image names it
     (tmp_path / "set" / "train.txt").write_text("images/train/t1.jpg\nimages/train/missing.jpg\n")
     text = data_yaml.read_text().replace("train: images/train", "train: train.txt")
@@ -293,3 +294,27 @@ def test_augmentations_keep_boxes_on_their_objects(tmp_path, augment):
     assert target["boxes"].shape == (0, 4) and target["labels"].shape == (0,)  # empty images are fine
     image, target = images.eval_sample(0)
     assert target["boxes"].tolist() == [[10.0, 15.0, 30.0, 45.0], [50.0, 5.0, 75.0, 20.0]]  # scaled by 80/160
+
+
+def test_a_yolo_label_file_without_an_image_is_named(tmp_path):
+    (tmp_path / "images").mkdir(), (tmp_path / "labels").mkdir()
+    _image(tmp_path / "images" / "a.png")
+    (tmp_path / "labels" / "a.txt").write_text("0 0.5 0.5 0.2 0.2\n")
+    (tmp_path / "labels" / "renamed.txt").write_text("0 0.5 0.5 0.2 0.2\n")
+    (tmp_path / "data.yaml").write_text(f"path: {tmp_path}\ntrain: images\nnames: [shape]\n")
+    scan = scan_detection(str(tmp_path / "data.yaml"))
+    assert scan.counts["orphan_label"] == 1
+    assert any("labels/renamed.txt: a label file with no image" in w for w in scan.warnings)
+
+
+def test_many_issues_of_a_kind_end_in_a_sentence_with_the_count(tmp_path):
+    from trainer.families.detection.data import EXAMPLES_PER_KIND, _Report
+
+    report = _Report()
+    for i in range(EXAMPLES_PER_KIND + 21):
+        report.add("crowd", f"annotation {i}: a crowd region")
+    report.add("clipped")
+    lines = report.warnings()
+    assert lines[:EXAMPLES_PER_KIND] == [f"annotation {i}: a crowd region" for i in range(EXAMPLES_PER_KIND)]
+    assert "crowd annotations (iscrowd=1) were skipped (and 21 more like these)" in lines
+    assert "boxes reaching outside their image were clipped (1 in all)" in lines

@@ -46,6 +46,7 @@ _KIND_TEXT = {
     "unknown_image": "annotations of images that are not in the file were skipped",
     "crowd": "crowd annotations (iscrowd=1) were skipped",
     "no_label_file": "images without a label file train as empty (background) images",
+    "orphan_label": "label files without an image were ignored",
 }
 
 
@@ -102,8 +103,10 @@ class _Report:
             shown = self.examples.get(kind, [])
             out += shown
             if count > len(shown):
-                more = f"{count - len(shown)} more" if shown else str(count)
-                out.append(f"{more}: {_KIND_TEXT.get(kind, kind)}")
+                # A sentence, not "26: ..." (which read like a line number): how many, and what happened.
+                more = f"and {count - len(shown)} more like {'these' if len(shown) > 1 else 'this'}" if shown \
+                    else f"{count} in all"
+                out.append(f"{_KIND_TEXT.get(kind, kind)} ({more})")
         return out
 
 
@@ -254,7 +257,7 @@ def read_coco(json_path: Path, id_to_label: dict[int, int] | None, images_dir: s
             continue
         where = f"{name}: annotation {ann_id} (image '{Path(record.path).name}')"
         if ann.get("iscrowd", 0):
-            report.add("crowd")
+            report.add("crowd", f"{where}: a crowd region (iscrowd=1), not an object; skipped")
             continue
         # Any JSON value (or none): one that is not a known id finds no label.
         label = id_to_label.get(ann.get("category_id"))  # type: ignore[arg-type]
@@ -334,6 +337,17 @@ def _yolo_images(entry, root: Path, key: str, name: str, problems: list[str], re
     return found
 
 
+def _report_orphan_labels(images: list[Path], report: _Report) -> None:
+    """Label files in the label folders of `images` that belong to no image (a renamed or deleted photo): their
+    boxes never train, which a user would want to know."""
+    expected = {_label_file(image) for image in images}
+    for folder in sorted({label.parent for label in expected}):
+        if folder.is_dir():
+            for label in sorted(folder.glob("*.txt")):
+                if label not in expected and label.name != "classes.txt":
+                    report.add("orphan_label", f"{label}: a label file with no image of the same name; ignored")
+
+
 def _label_file(image: Path) -> Path:
     """Ultralytics' rule: the last /images/ of the path becomes /labels/, the extension .txt."""
     text = str(image)
@@ -353,7 +367,8 @@ def _yolo_record(image: Path, num_classes: int, report: _Report) -> DetRecord | 
     record = DetRecord(str(image), width, height, exif=True)
     label_file = _label_file(image)
     if not label_file.is_file():
-        report.add("no_label_file")
+        report.add("no_label_file", f"{image}: no label file ({label_file}); trains as an empty (background) "
+                                    "image")
         return record
     for number, line in enumerate(label_file.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
         fields = line.split()
@@ -422,6 +437,7 @@ def read_yolo(yaml_path: Path, report: _Report, problems: list[str]):
             else:
                 decodable.append(file)
         records = [r for r in (_yolo_record(f, len(classes), report) for f in decodable) if r is not None]
+        _report_orphan_labels(files, report)
         splits.append(records)
     return classes, splits[0] or [], splits[1]
 
