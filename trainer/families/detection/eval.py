@@ -24,6 +24,29 @@ def color(label: int) -> str:
     return PALETTE[(label - 1) % len(PALETTE)]
 
 
+def _luminance(hex_color: str) -> float:
+    """WCAG relative luminance of "#rrggbb"."""
+    channels = [int(hex_color[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+    r, g, b = (c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels)
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def text_color(background: str) -> str:
+    """Black or white, whichever reads better on `background` (the higher WCAG contrast ratio)."""
+    lum = _luminance(background)
+    return "#000000" if (lum + 0.05) / 0.05 >= 1.05 / (lum + 0.05) else "#ffffff"
+
+
+def draw_boxes(pixels: torch.Tensor, boxes: torch.Tensor, class_ids: list[int], texts: list[str]) -> torch.Tensor:
+    """Boxes in their class colour; each label on a filled tag of that colour, its text black or white for
+    contrast, so a label stays readable whatever the image under it (a blue label on a blue shape did not)."""
+    from torchvision.utils import draw_bounding_boxes
+
+    colors = [color(c) for c in class_ids]
+    return draw_bounding_boxes(pixels, boxes, labels=texts, colors=colors, width=2, fill_labels=True,
+                               label_background_colors=colors, label_colors=[text_color(c) for c in colors])
+
+
 @torch.no_grad()
 def predict(model: torch.nn.Module, images: list[torch.Tensor], device, batch_size: int = 8) -> list[dict]:
     """Detections (CPU tensors: boxes, scores, labels) of `images`, in fp32, in eval mode, outside autocast."""
@@ -145,8 +168,6 @@ def pr_curve_image(curves: dict[str, list[float]], title: str, size=(560, 400)) 
 def draw_pair(pixels: torch.Tensor, target: dict, pred: dict, classes: list[str], threshold: float,
               min_side: int = 256) -> Image.Image:
     """Ground truth (left) and predictions scoring >= threshold (right) on the same image."""
-    from torchvision.utils import draw_bounding_boxes
-
     scale = max(1, math.ceil(min_side / max(pixels.shape[-2:])))
     if scale > 1:  # small images are enlarged (nearest) so that labels stay readable
         pixels = pixels.repeat_interleave(scale, -1).repeat_interleave(scale, -2)
@@ -163,8 +184,7 @@ def draw_pair(pixels: torch.Tensor, target: dict, pred: dict, classes: list[str]
             (pred["boxes"][keep], pred["labels"][keep],
              [f"{name(int(c))} {float(s):.2f}" for c, s in zip(pred["labels"][keep], pred["scores"][keep])]),
         ):
-            drawn = draw_bounding_boxes(pixels, boxes.reshape(-1, 4) * scale, labels=texts,
-                                        colors=[color(int(c)) for c in labels], width=2)
+            drawn = draw_boxes(pixels, boxes.reshape(-1, 4) * scale, [int(c) for c in labels], texts)
             panels.append(Image.fromarray(drawn.permute(1, 2, 0).numpy()))
     w, h = panels[0].size
     canvas = Image.new("RGB", (2 * w + 8, h + 18), "white")

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 
 from trainer.errors import UserError
 
@@ -38,11 +38,13 @@ class Detector:
 
     @staticmethod
     def _image(image) -> Image.Image:
+        # As a person sees it: a phone photo is stored sideways with an EXIF orientation (YOLO training applies
+        # it too, trainer.families.detection.images), so boxes are predicted on the upright image.
         if isinstance(image, (str, Path)):
             with Image.open(image) as img:
-                return img.convert("RGB")
+                return (ImageOps.exif_transpose(img) or img).convert("RGB")
         if isinstance(image, Image.Image):
-            return image.convert("RGB")
+            return (ImageOps.exif_transpose(image) or image).convert("RGB")
         if isinstance(image, torch.Tensor):  # (3, H, W), float in [0, 1] or uint8
             t = image if image.dtype == torch.uint8 else (image.clamp(0, 1) * 255).round().to(torch.uint8)
             return Image.fromarray(t.permute(1, 2, 0).cpu().numpy())
@@ -74,16 +76,14 @@ class Detector:
     def draw(self, image, predictions: list[dict] | None = None) -> Image.Image:
         """The image with `predictions` (default: predict(image)) drawn on it."""
         from torchvision.transforms.v2 import functional as F
-        from torchvision.utils import draw_bounding_boxes
 
-        from trainer.families.detection.eval import color
+        from trainer.families.detection.eval import draw_boxes
 
         img = self._image(image)
         predictions = self.predict(img) if predictions is None else predictions
         boxes = torch.tensor([p["box"] for p in predictions], dtype=torch.float32).reshape(-1, 4)
         texts = [f"{p['name']} {p['score']:.2f}" for p in predictions]
-        drawn = draw_bounding_boxes(F.pil_to_tensor(img), boxes, labels=texts,
-                                    colors=[color(p["label"]) for p in predictions], width=2)
+        drawn = draw_boxes(F.pil_to_tensor(img), boxes, [p["label"] for p in predictions], texts)
         return Image.fromarray(drawn.permute(1, 2, 0).numpy())
 
 
