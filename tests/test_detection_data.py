@@ -316,5 +316,6 @@ def test_many_issues_of_a_kind_end_in_a_sentence_with_the_count(tmp_path):
     report.add("clipped")
     lines = report.warnings()
     assert lines[:EXAMPLES_PER_KIND] == [f"annotation {i}: a crowd region" for i in range(EXAMPLES_PER_KIND)]
-    assert "crowd annotations (iscrowd=1) were skipped (and 21 more like these)" in lines
+    assert ("crowd regions (iscrowd=1) are not trained on and are ignore regions in evaluation"
+            " (and 21 more like these)") in lines
     assert "boxes reaching outside their image were clipped (1 in all)" in lines

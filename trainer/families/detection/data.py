@@ -44,7 +44,7 @@ _KIND_TEXT = {
     "missing_image": "images whose file is missing were skipped",
     "unreadable_image": "unreadable images were skipped",
     "unknown_image": "annotations of images that are not in the file were skipped",
-    "crowd": "crowd annotations (iscrowd=1) were skipped",
+    "crowd": "crowd regions (iscrowd=1) are not trained on and are ignore regions in evaluation",
     "no_label_file": "images without a label file train as empty (background) images",
     "orphan_label": "label files without an image were ignored",
 }
@@ -60,6 +60,10 @@ class DetRecord:
     boxes: list[list[float]] = field(default_factory=list)
     labels: list[int] = field(default_factory=list)
     exif: bool = False  # apply the EXIF orientation when loading (YOLO labels refer to the displayed image)
+    # COCO crowd regions (iscrowd=1): never trained on; evaluation counts them as COCO does, as regions where
+    # a detection is neither a true nor a false positive.
+    crowd_boxes: list[list[float]] = field(default_factory=list)
+    crowd_labels: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -256,9 +260,7 @@ def read_coco(json_path: Path, id_to_label: dict[int, int] | None, images_dir: s
                                             "which is not in its images; skipped")
             continue
         where = f"{name}: annotation {ann_id} (image '{Path(record.path).name}')"
-        if ann.get("iscrowd", 0):
-            report.add("crowd", f"{where}: a crowd region (iscrowd=1), not an object; skipped")
-            continue
+        crowd = bool(ann.get("iscrowd", 0))
         # Any JSON value (or none): one that is not a known id finds no label.
         label = id_to_label.get(ann.get("category_id"))  # type: ignore[arg-type]
         if label is None:
@@ -272,7 +274,12 @@ def read_coco(json_path: Path, id_to_label: dict[int, int] | None, images_dir: s
             continue
         x, y, w, h = (float(v) for v in bbox)
         box = _clip_box(x, y, x + w, y + h, record.width, record.height, where, report)
-        if box is not None:
+        if box is not None and crowd:
+            report.add("crowd", f"{where}: a crowd region (iscrowd=1): not trained on, ignored by evaluation as "
+                                "COCO does")
+            record.crowd_boxes.append(box)
+            record.crowd_labels.append(label)
+        elif box is not None:
             record.boxes.append(box)
             record.labels.append(label)
     out = sorted(records.values(), key=lambda r: r.path)

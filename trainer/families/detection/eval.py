@@ -176,6 +176,9 @@ def draw_pair(pixels: torch.Tensor, target: dict, pred: dict, classes: list[str]
         return classes[label - 1] if 1 <= label <= len(classes) else str(label)
 
     keep = pred["scores"] >= threshold
+    if "iscrowd" in target:  # crowd regions are what COCO ignores, not objects to show as the truth
+        objects = target["iscrowd"] == 0
+        target = {"boxes": target["boxes"][objects], "labels": target["labels"][objects]}
     panels = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "boxes doesn't contain any box": an empty image is fine

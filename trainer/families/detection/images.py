@@ -48,7 +48,8 @@ class DetectionImages:
 
     # ---- loading ------------------------------------------------------------------------------------------
     def _load(self, index: int):
-        """(uint8 image (3, h, w) with longest side = resolution, boxes (n, 4) float32, labels (n,) int64)."""
+        """(uint8 image (3, h, w) with longest side = resolution, boxes (n, 4) float32, labels (n,) int64, crowd
+        boxes (m, 4) float32, crowd labels (m,) int64)."""
         if self.cache is not None and index in self.cache:
             return self.cache[index]
         record = self.records[index]
@@ -61,12 +62,15 @@ class DetectionImages:
             img = img.resize(size, Image.Resampling.BILINEAR, reducing_gap=None) if size != img.size else img
             pixels = torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8).view(size[1], size[0], 3)
         boxes = torch.tensor(record.boxes, dtype=torch.float32).reshape(-1, 4)
+        crowd = torch.tensor(record.crowd_boxes, dtype=torch.float32).reshape(-1, 4)
+        box_scale = torch.tensor([size[0] / width, size[1] / height] * 2)
         if (width, height) != (record.width, record.height):
             self.warn(f"{record.path}: is {width}x{height} but annotated as {record.width}x{record.height}; "
                       "its boxes are scaled to the image")
-            boxes *= torch.tensor([width / record.width, height / record.height] * 2)
-        boxes *= torch.tensor([size[0] / width, size[1] / height] * 2)
-        item = (pixels.permute(2, 0, 1).contiguous(), boxes, torch.tensor(record.labels, dtype=torch.int64))
+            box_scale = box_scale * torch.tensor([width / record.width, height / record.height] * 2)
+        item = (pixels.permute(2, 0, 1).contiguous(), boxes * box_scale,
+                torch.tensor(record.labels, dtype=torch.int64), crowd * box_scale,
+                torch.tensor(record.crowd_labels, dtype=torch.int64))
         if self.cache is not None:
             self.cache[index] = item
         return item
@@ -79,8 +83,9 @@ class DetectionImages:
 
     # ---- samples ------------------------------------------------------------------------------------------
     def train_sample(self, loaded: tuple, seed: int):
-        """(float image in [0, 1], {"boxes", "labels"}) with this sample's augmentation."""
-        pixels, boxes, labels = loaded
+        """(float image in [0, 1], {"boxes", "labels"}) with this sample's augmentation (crowd regions are not
+        trained on)."""
+        pixels, boxes, labels = loaded[:3]
         if self.augment is not None:
             image = tv_tensors.Image(pixels)
             target = {"boxes": tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=tuple(pixels.shape[-2:])),
@@ -93,8 +98,12 @@ class DetectionImages:
         return F.to_dtype(pixels, torch.float32, scale=True), {"boxes": boxes.reshape(-1, 4).float(), "labels": labels}
 
     def eval_sample(self, index: int):
-        pixels, boxes, labels = self._load(index)
-        return F.to_dtype(pixels, torch.float32, scale=True), {"boxes": boxes, "labels": labels}
+        """(float image, target) with the crowd regions as `iscrowd` boxes, as COCO evaluates them."""
+        pixels, boxes, labels, crowd, crowd_labels = self._load(index)
+        target = {"boxes": torch.cat([boxes, crowd]), "labels": torch.cat([labels, crowd_labels]),
+                  "iscrowd": torch.cat([torch.zeros(len(labels), dtype=torch.int64),
+                                        torch.ones(len(crowd_labels), dtype=torch.int64)])}
+        return F.to_dtype(pixels, torch.float32, scale=True), target
 
     def pixels(self, index: int) -> torch.Tensor:
         return self._load(index)[0]
