@@ -7,10 +7,9 @@ import torch
 from tests.engine_helpers import assert_same_weights, engine_config, final_weights, launch, log_of
 from trainer.core.config import load_config
 from trainer.core.config.schema import TrainConfig
-from trainer.core.hardware import Hardware
+from trainer.core.hardware import CPU_ONLY, Hardware
 from trainer.core.plan import make_plan
 from trainer.core.resume import resume_run
-from trainer.core.hardware import CPU_ONLY
 from trainer.engine.optim import averaged_weights, build_optimizer, build_scheduler
 from trainer.errors import ConfigError
 

@@ -6,6 +6,8 @@ Checkpoint tensors are named `<module>.<parameter>` (`unet.*`, `text_encoder.*`,
 
 from __future__ import annotations
 
+from collections import Counter
+
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -63,7 +65,8 @@ def sample_shape(sample_cfg, resolution: int, buckets: list[tuple[int, int]] | N
     items train at (a bucketed run is judged at the shape it learns most), else the training resolution."""
     default = (sample_cfg.size, sample_cfg.size) if sample_cfg.size else (resolution, resolution)
     if not sample_cfg.size and buckets and item_buckets:
-        default = buckets[max(set(item_buckets), key=lambda b: (item_buckets.count(b), -b))]
+        counts = Counter(item_buckets)  # one pass: this runs at every sample step, over every item
+        default = buckets[max(counts, key=lambda b: (counts[b], -b))]
     return sample_cfg.width or default[0], sample_cfg.height or default[1]
 
 
