@@ -19,6 +19,8 @@ from trainer.families.protocol import Evaluates, HasCheckpointMetadata
 from trainer.core.checkpoint import COMPLETE, CHECKPOINTS, CheckpointWriteError, latest_checkpoint, save_checkpoint
 from trainer.engine.optim import averaged_weights, is_schedule_free
 from trainer.core.runfolder import BEST, SAMPLES_DIR as SAMPLES, RunFolder
+from trainer.engine.scoring import prompt_scores, side_by_side
+from trainer.families.components.trained_weights import sample_prompts
 
 
 
@@ -36,7 +38,7 @@ def _write_samples(run, step: int, indexed) -> None:
 
 def draw_samples(run) -> None:
     step = run.state.step
-    if run.parallel.shards_weights and not run.config.sample.prompts:
+    if run.parallel.shards_weights and not sample_prompts(run.config.sample):
         return  # nothing to draw (only diffusion families shard, and they draw prompts): skip gathering weights
     run.phase = f"rank 0 drawing samples at step {step}"
     # FSDP: rank 0 samples with a gathered copy, in bf16 under a bf16 plan (FLUX: 24 GB, not 48 GB of fp32)
@@ -44,7 +46,10 @@ def draw_samples(run) -> None:
     with averaged_weights(run.optimizer), run.parallel.gathered(run.accelerator.device, dtype):
         if run.accelerator.is_main_process:
             samples = run.family.render_samples(step)
-            _write_samples(run, step, ((i, prompt, image) for i, (prompt, image) in enumerate(samples)))
+            _write_samples(run, step, ((i, prompt, side_by_side(images)) for i, (prompt, images) in enumerate(samples)))
+            scores = prompt_scores(run.config.sample, samples)
+            if scores:
+                run.events.emit("eval", step=step, **scores)
         run.accelerator.wait_for_everyone()
 
 

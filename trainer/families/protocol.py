@@ -81,10 +81,11 @@ class Family(Protocol):
     def loss(self, samples: list[Sample]) -> torch.Tensor:
         """Mean loss of these samples (a micro-batch), called under autocast."""
 
-    def render_samples(self, step: int) -> list[tuple[str, Image.Image]]:
-        """(caption, image) pairs showing what the model does now, drawn with fixed seeds/inputs so that
+    def render_samples(self, step: int) -> list[tuple[str, list[Image.Image]]]:
+        """(caption, images) pairs showing what the model does now, drawn with fixed seeds/inputs so that
         samples of different steps compare (rank 0 only, outside autocast unless the frozen weights are low
-        precision). For diffusion: the preset's sample prompts; for detection: predictions on fixed images."""
+        precision). For diffusion: each sample prompt with `sample.images_per_prompt` images; for detection:
+        predictions on fixed images, one each. The engine writes each caption's images side by side."""
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
         """Trainable weights for a checkpoint (fp32, unwrapped names)."""

@@ -187,9 +187,26 @@ class TrainConfig:
 
 
 @dataclass
+class ScoredPrompt:
+    prompt: str = key("", "A prompt drawn at every sample step (after `sample.prompts`) and scored.")
+    shows: str = key(
+        "", "What its samples must show, in the words of the shapes judge (trainer/families/components/"
+        "shape_score.py), which reads the offline demo's world only: a colour and/or a shape, e.g. `yellow star`.")
+
+
+@dataclass
 class SampleConfig:
     every: int = key(0, "Render samples every N optimizer steps (0: only at the start and the end).")
     prompts: list[str] = key([], "Prompts to render; one PNG per prompt each time.")
+    images_per_prompt: int = key(
+        1, "Images drawn per prompt at each sample step, side by side in its PNG (image j of prompt i uses seed "
+        "sample.seed + i * images_per_prompt + j); several make a score more than one coin flip.")
+    concept: ScoredPrompt = field(default_factory=ScoredPrompt)
+    """The concept score: each sample step's `eval` event carries `concept`, the fraction of this prompt's
+    images that show `shows` (the demo: 0 before its LoRA has learnt the concept, near 1 after)."""
+    control: ScoredPrompt = field(default_factory=ScoredPrompt)
+    """The control score (`control` in `eval` events): a prompt the base model already draws, which must keep
+    drawing it (no collapse onto the concept)."""
     negative_prompt: str = key("", "Negative prompt for every sample.")
     seed: int = key(0, "Seed of the first prompt's noise (prompt i uses seed + i), fixed across the run.")
     steps: int = key(25, "Inference steps per sample.")

@@ -129,6 +129,8 @@ def validate(config: Config, *, check_paths: bool = True) -> list[str]:
     _positive(p, "checkpoint.keep", config.checkpoint.keep)
     if not all(isinstance(x, str) and x.strip() for x in config.sample.prompts):
         p.append("sample.prompts: must be a list of non-empty strings")
+    _positive(p, "sample.images_per_prompt", config.sample.images_per_prompt)
+    _scored_prompts(p, config)
     d = config.distributed
     _positive(p, "distributed.nodes", d.nodes)
     _positive(p, "distributed.timeout_s", d.timeout_s)
@@ -197,3 +199,20 @@ def _optimizer_problems(t) -> list[str]:
                  "schedule by averaging: set train.scheduler=constant (train.warmup_steps still warms it up)")
     return p
 
+
+
+def _scored_prompts(p: list[str], config: Config) -> None:
+    """sample.concept / sample.control: a prompt and what the shapes judge must see, both or neither."""
+    from trainer.families.components.shapes import COLOURS, SHAPES  # torch-free: PIL only
+
+    words = {*COLOURS, *SHAPES}
+    for name in ("concept", "control"):
+        scored = getattr(config.sample, name)
+        if bool(scored.prompt.strip()) != bool(scored.shows.strip()):
+            p.append(f"sample.{name}: set both `prompt` and `shows` (what its samples must show), or neither")
+            continue
+        unknown = [w for w in scored.shows.split() if w not in words]
+        if unknown:
+            p.append(f"sample.{name}.shows: the shapes judge does not read {', '.join(map(repr, unknown))}; it reads "
+                     f"the colours {', '.join(COLOURS)} and the shapes {', '.join(SHAPES)} (it scores the offline "
+                     "demo's world only)")

@@ -70,13 +70,25 @@ def sample_shape(sample_cfg, resolution: int, buckets: list[tuple[int, int]] | N
     return sample_cfg.width or default[0], sample_cfg.height or default[1]
 
 
+def sample_prompts(sample_cfg) -> list[str]:
+    """`sample.prompts`, then the scored prompts (`sample.concept`, `sample.control`) not already among them."""
+    prompts = list(sample_cfg.prompts)
+    for scored in (sample_cfg.concept, sample_cfg.control):
+        if scored.prompt and scored.prompt not in prompts:
+            prompts.append(scored.prompt)
+    return prompts
+
+
 def render_prompt_samples(sample_cfg, sample: Callable[..., list[Image.Image]],
-                          shape: tuple[int, int]) -> list[tuple[str, Image.Image]]:
-    """The preset's sample prompts (`sample.*`), each with its own fixed seed so steps compare, drawn by the
-    family's `sample(prompts, seeds, *, size, steps, guidance_scale, negative_prompt)` at `shape` (sample_shape)."""
-    if not sample_cfg.prompts:
+                          shape: tuple[int, int]) -> list[tuple[str, list[Image.Image]]]:
+    """Every sample prompt (`sample_prompts`) with its `sample.images_per_prompt` images, each from its own fixed
+    seed so that steps compare, drawn by the family's `sample(prompts, seeds, *, size, steps, guidance_scale,
+    negative_prompt)` at `shape` (sample_shape)."""
+    prompts, n = sample_prompts(sample_cfg), max(1, sample_cfg.images_per_prompt)
+    if not prompts:
         return []
-    seeds = [sample_cfg.seed + i for i in range(len(sample_cfg.prompts))]
-    images = sample(list(sample_cfg.prompts), seeds, size=shape, steps=sample_cfg.steps,
-                    guidance_scale=sample_cfg.guidance_scale, negative_prompt=sample_cfg.negative_prompt)
-    return list(zip(sample_cfg.prompts, images))
+    repeated = [prompt for prompt in prompts for _ in range(n)]
+    seeds = [sample_cfg.seed + i * n + j for i in range(len(prompts)) for j in range(n)]
+    images = sample(repeated, seeds, size=shape, steps=sample_cfg.steps, guidance_scale=sample_cfg.guidance_scale,
+                    negative_prompt=sample_cfg.negative_prompt)
+    return [(prompt, images[i * n:(i + 1) * n]) for i, prompt in enumerate(prompts)]

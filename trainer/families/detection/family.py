@@ -183,7 +183,7 @@ class DetectionFamily:
             keep = int((pred["scores"] >= threshold).sum())
             name = Path(self.scan.val[i].path).name
             caption = f"{name}: {keep} predicted (score >= {threshold:g}), {len(target['boxes'])} true"
-            out.append((caption, draw_pair(self.val_set.pixels(i), target, pred, self.classes, threshold)))
+            out.append((caption, [draw_pair(self.val_set.pixels(i), target, pred, self.classes, threshold)]))
         return out
 
     # ---- outputs ------------------------------------------------------------------------------------------

@@ -170,7 +170,7 @@ class FlowTransformerTrainer:
     def _cache_text(self) -> None:
         cfg, ctx, model = self.cfg, self.ctx, self.model
         captions = [item.caption for item in self.data.images]
-        captions += [t for prompt in cfg.sample.prompts for t in model.texts_for(prompt, cfg.sample.negative_prompt)]
+        captions += [t for prompt in trained_weights.sample_prompts(cfg.sample) for t in model.texts_for(prompt, cfg.sample.negative_prompt)]
         key = {"family": self.name, "path": cfg.model.path, "revision": cfg.model.revision,
                "encoders": [te.config.to_dict() for te in self.text_encoders],
                "max_length": model.max_sequence_length(), "dtype": [str(te.dtype) for te in self.text_encoders]}

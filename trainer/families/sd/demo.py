@@ -1,4 +1,4 @@
-"""Offline demo assets: a tiny randomly initialised Stable Diffusion 1.x pipeline and a shapes dataset.
+"""Offline demo assets: the shipped pretrained tiny SD base, the concept it learns, and a tiny random pipeline.
 
 Nothing here touches the network. The model has the exact folder layout and classes of a real SD 1.x checkpoint
 (so every code path that loads `runwayml/stable-diffusion-v1-5` loads this too), only with about a million
@@ -126,16 +126,81 @@ def make_tiny_sd(folder, *, prediction_type: str = "epsilon", sample_size: int =
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Cached assets
+# The concept the demo teaches
+
+
+CONCEPT_DIR = "sks-star"
+CONCEPT_SUBJECT = "sks star"  # the identifier and its class word, as DreamBooth captions go
+
+
+def make_concept_dataset(folder, *, count: int = 16, size: int = DEMO_RESOLUTION, seed: int = 0) -> Path:
+    """`count` yellow stars (the concept the pretrained base has never seen: trainer.families.sd.tiny_base) on
+    white, gray or black backgrounds, captioned "a photo of a sks star on a white background"."""
+    import random
+
+    from trainer.families.components.shapes import BACKGROUNDS, CONCEPT_COLOURS, CONCEPT_SHAPES, draw_scene, random_scene
+
+    if count < 1:
+        raise UserError(f"The concept dataset needs at least one image, not count={count}.")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    backgrounds = list(BACKGROUNDS)
+    for i in range(count):
+        scene = random_scene(rng, colours=CONCEPT_COLOURS, shapes=CONCEPT_SHAPES,
+                             backgrounds=(backgrounds[i % len(backgrounds)],))
+        stem = f"{i:04d}_{scene.background}"
+        draw_scene(scene, size).save(folder / f"{stem}.png")
+        (folder / f"{stem}.txt").write_text(scene.caption(CONCEPT_SUBJECT) + "\n")
+    return folder
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Assets: the shipped pretrained base, and the built-once ones
+
+
+SHIPPED_MODEL = Path(__file__).resolve().parents[2] / "assets" / MODEL_DIR  # trainer/assets/tiny-sd
+
+
+def shipped_tiny_sd(root=None) -> dict[str, Path]:
+    """{"tiny-sd": the pretrained base that ships with the package}, its files checked against SHA256SUMS."""
+    verify_checksums(SHIPPED_MODEL)
+    return {MODEL_DIR: SHIPPED_MODEL}
+
+
+def verify_checksums(folder: Path) -> None:
+    import hashlib
+
+    from trainer.families.sd.tiny_base import CHECKSUMS
+
+    rebuild = (f"Reinstall imagetune, or rebuild it with `python -m trainer.families.sd.tiny_base --out {folder}` "
+               "(about 25 minutes on 2 CPU cores).")
+    listing = folder / CHECKSUMS
+    if not listing.is_file():
+        raise UserError(f"The demo's pretrained model {folder} is missing ({CHECKSUMS} not found). {rebuild}")
+    for line in listing.read_text().splitlines():
+        digest, name = line.split(maxsplit=1)
+        path = folder / name
+        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+            raise UserError(f"The demo's pretrained model is damaged: {path} is missing or differs from the "
+                            f"checksum in {listing}. {rebuild}")
 
 
 def ensure_tiny_sd(root) -> dict[str, Path]:
-    """Create `root/tiny-sd` unless it exists (atomically: see tiny_assets.ensure_asset); {"tiny-sd": path}."""
+    """The random tiny model (make_tiny_sd) in `root/tiny-sd`, built once (atomically: tiny_assets.ensure_asset):
+    what tests train when they need an SD 1.x folder fast, not what `demo://tiny-sd` is."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     return {MODEL_DIR: ensure_asset(root / MODEL_DIR, make_tiny_sd, "model_index.json")}
 
 
+def ensure_concept_data(root) -> dict[str, Path]:
+    """`root/sks-star` (the concept dataset), built once; {"sks-star": path}."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    return {CONCEPT_DIR: ensure_asset(root / CONCEPT_DIR, make_concept_dataset, "0000_white.txt")}
+
+
 def ensure_demo_assets(root) -> dict[str, Path]:
-    """The SD demo's model and data: {"tiny-sd": path, "demo-data": path}, each built once."""
+    """The random tiny model and the shapes dataset, each built once in `root`: {"tiny-sd", "demo-data"}."""
     return {**ensure_tiny_sd(root), **ensure_demo_data(root)}

@@ -19,6 +19,7 @@ SPEC = FamilySpec(
     exports=("LoRA: output/pytorch_lora_weights.safetensors (diffusers) and a kohya/ComfyUI file",
              "full: a diffusers folder and an original-layout single file"),
     demo_preset="demo.yaml",
-    demo_assets={"tiny-sd": "trainer.families.sd.demo:ensure_tiny_sd",
+    demo_assets={"tiny-sd": "trainer.families.sd.demo:shipped_tiny_sd",
+                 "sks-star": "trainer.families.sd.demo:ensure_concept_data",
                  "demo-data": "trainer.families.components.tiny_assets:ensure_demo_data"},
 )
