@@ -43,9 +43,9 @@ def held_out_problems(config, *, check_paths: bool = True) -> list[str]:
         p.append(f"data.val_split: must be a fraction in [0, 1) of data.path's images to hold out for the validation "
                  f"loss (0.1: one image in ten; 0: none), got {data.val_split}")
     if data.val_split and data.val_path:
-        p.append("data.val_split and data.val_path are both set, but the held-out images come from one of them: a "
-                 "share of data.path (data.val_split) or a folder of their own (data.val_path); set data.val_split=0 "
-                 "or leave data.val_path empty")
+        p.append("data.val_path: data.val_split is set too, but the held-out images come from one of them: a share "
+                 "of data.path (data.val_split) or a folder of their own (data.val_path); leave data.val_path empty "
+                 "or set data.val_split=0")
     if config.eval.best == "val_loss" and not (data.val_split or data.val_path):
         p.append("eval.best: val_loss needs held-out images to measure it on: set data.val_split (e.g. 0.1) or "
                  "data.val_path, or set eval.best=auto")
