@@ -50,6 +50,7 @@ LABELS = {
     "batch.per_device": "Batch per device", "precision": "Precision", "seed": "Seed", "train.steps": "Steps",
     "train.lr": "Learning rate", "train.scheduler": "LR schedule", "sample.every": "Sample every N steps",
     "sample.prompts": "Sample prompts (one per line)", "name": "Run name", "checkpoint.every": "Checkpoint every N steps",
+    "data.val_split": "Validation split (held-out share)", "data.val_path": "Validation images folder",
 }
 # Keys a newcomer rarely touches: the form tucks them into a closed "More ... settings" panel of their group.
 ADVANCED = {
@@ -57,7 +58,7 @@ ADVANCED = {
     "data.center_crop", "data.cache_latents", "data.cache_text_embeddings", "lora.dropout", "lora.unet_targets",
     "lora.text_encoder_targets", "full.ema_decay", "attention", "train.text_encoder_lr", "train.weight_decay",
     "train.betas", "train.eps", "train.max_grad_norm", "train.noise_offset", "train.min_snr_gamma",
-    "train.max_nonfinite_steps", "sample.seed", "sample.guidance_scale", "sample.size", "eval.every",
+    "train.max_nonfinite_steps", "sample.seed", "sample.guidance_scale", "sample.size", "eval.every", "eval.best",
     "data.bucket_step", "data.bucket_max_aspect", "data.bucket_min_side", "data.bucket_max_side",
 }
 DEVICE_CHOICES = ["auto", "cpu:1", "cpu:2"]

@@ -236,14 +236,26 @@ def all_samples(view: RunView) -> list[tuple[str, str]]:
             for k in keys if (view.path / view.samples[k]["path"]).is_file()]
 
 
-# How metrics are labelled (detection's COCO metrics); others show under their own names.
-METRIC_LABELS = {"map": "mAP", "map50": "mAP50", "map75": "mAP75", "mar100": "mAR100"}
-PLOTTED = ("map", "map50")  # over steps, when a run reports them (else every plain number it reports)
-NOT_METRICS = {"type", "time", "step", "per_class", "images"}
+# How metrics are labelled (detection's COCO metrics, the diffusion families' validation loss); others show
+# under their own names, in the order of this table first.
+METRIC_LABELS = {"map": "mAP", "map50": "mAP50", "map75": "mAP75", "mar100": "mAR100", "val_loss": "val loss"}
+# Shown in the latest evaluation, not over steps: detection's finer COCO numbers would crowd its mAP plot.
+NOT_PLOTTED = {"map75", "mar100"}
+NOT_METRICS = {"type", "time", "step", "per_class", "images", "val_images"}
 
 
 def metric_label(key: str) -> str:
     return METRIC_LABELS.get(key, key)
+
+
+def is_loss(key: str) -> bool:
+    """A loss (`val_loss`) is drawn on the loss plot, next to the training loss it compares with; every other
+    metric on the evaluation plot."""
+    return key == "loss" or key.endswith("_loss")
+
+
+def fmt_metric(key: str, value: float) -> str:
+    return f"{value:.4f}" if is_loss(key) else f"{value:.3f}"
 
 
 def as_number(x) -> float | None:
@@ -258,14 +270,23 @@ def eval_metrics(event: dict | None) -> list[tuple[str, float]]:
 
 
 def eval_series(view: RunView) -> list[tuple[int, str, float]]:
-    """(step, metric label, value) of every evaluation, steps in order, for a plot with one line per metric."""
+    """(step, metric label, value) of every evaluation, steps in order, for a plot with one line per metric:
+    every plain number the evaluations report (scores of any kind), but losses (`eval_losses`) and
+    `NOT_PLOTTED`."""
     reported = {k for e in view.evals.values() for k, _ in eval_metrics(e)}
-    keys = [k for k in PLOTTED if k in reported] or sorted(reported)
+    keys = [k for k in dict.fromkeys([*METRIC_LABELS, *sorted(reported)])
+            if k in reported and k not in NOT_PLOTTED and not is_loss(k)]
     rows: list[tuple[int, str, float]] = []
     for step in sorted(view.evals):
         values = dict(eval_metrics(view.evals[step]))
         rows.extend((step, metric_label(k), values[k]) for k in keys if k in values)
     return rows
+
+
+def eval_losses(view: RunView) -> list[tuple[int, str, float]]:
+    """(step, label, value) of the losses the evaluations report (`val_loss`), for the loss plot."""
+    return [(step, metric_label(k), v) for step in sorted(view.evals)
+            for k, v in eval_metrics(view.evals[step]) if is_loss(k)]
 
 
 def latest_eval(view: RunView) -> dict | None:

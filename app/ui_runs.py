@@ -78,13 +78,15 @@ def build(ctx) -> RunsTab:
         confirm_no = gr.Button("Cancel", elem_id="cancel-delete", size="md")
     message = gr.HTML("", elem_id="run-message")
     with gr.Row():
-        # Each step's loss and its moving average: the trend a newcomer looks for under the timestep noise.
+        # Each step's loss and its moving average: the trend a newcomer looks for under the timestep noise; with
+        # held-out images, the validation loss at each evaluation beside them.
         loss_plot = gr.LinePlot(_loss_frame({}), x="step", y="loss", color="series", title="Loss", height=260,
                                 elem_id="loss-plot", visible=False)
         lr_plot = gr.LinePlot(_frame({}, "lr"), x="step", y="lr", title="Learning rate", height=260,
                               elem_id="lr-plot", visible=False)
-    # Runs that evaluate (detection: mAP on the validation images) get their metrics over steps, the latest
-    # evaluation in detail and the best step; other runs never show this row.
+    # Runs that evaluate (detection: mAP on the validation images; diffusion: the validation loss, plotted with
+    # the loss, and any score an evaluation reports) get their metrics over steps, the latest evaluation in detail
+    # and the best step; other runs never show this row.
     with gr.Row(elem_id="eval-row"):
         eval_plot = gr.LinePlot(_eval_frame(()), x="step", y="value", color="metric", title="Evaluation",
                                 height=260, elem_id="eval-plot", visible=False)
@@ -109,9 +111,11 @@ def _frame(series: dict, column: str) -> pd.DataFrame:
     return pd.DataFrame({"step": list(series), column: list(series.values())}, columns=["step", column])
 
 
-def _loss_frame(losses: dict) -> pd.DataFrame:
+def _loss_frame(losses: dict, evaluated=()) -> pd.DataFrame:
+    """Each step's loss, its smoothed trend, and `evaluated` (step, label, value): the evaluations' losses."""
     rows = [(step, "per step", value) for step, value in losses.items()]
     rows += [(step, "smoothed", value) for step, value in R.smoothed(losses).items()]
+    rows += [(step, label, value) for step, label, value in evaluated]
     return pd.DataFrame(rows, columns=["step", "series", "loss"])
 
 
@@ -129,16 +133,20 @@ def eval_html(view: R.RunView | None) -> str:
     if view is None or latest is None:
         return ""
     images = f" on {latest['images']} validation images" if latest.get("images") else ""
-    metrics = " · ".join(f"{html.escape(R.metric_label(k))} <b>{v:.3f}</b>" for k, v in R.eval_metrics(latest))
+    if latest.get("val_images"):
+        images = f" on {latest['val_images']} held-out images"
+    metrics = " · ".join(f"{html.escape(R.metric_label(k))} <b>{R.fmt_metric(k, v)}</b>"
+                         for k, v in R.eval_metrics(latest))
     parts = [f'<div class="eval-head">Latest evaluation: step <b class="eval-step">{latest.get("step")}</b>'
              f'{images}</div><div class="eval-metrics">{metrics}</div>']
     best = view.best
     if best is not None:
-        label = html.escape(R.metric_label(str(best.get("metric", ""))))
+        metric = str(best.get("metric", ""))
         value = R.as_number(best.get("value"))
+        shown = "–" if value is None else R.fmt_metric(metric, value)
         where = html.escape(str(best.get("path") or "checkpoints/best"))
         parts.append(f'<div class="eval-best" data-step="{best.get("step")}">★ Best so far: step '
-                     f'<b>{best.get("step")}</b> ({label} {_fmt_metric(value)}), its weights kept in '
+                     f'<b>{best.get("step")}</b> ({html.escape(R.metric_label(metric))} {shown}), its weights kept in '
                      f'<code>{where}/</code></div>')
     rows = R.per_class_rows(latest)
     if rows:
@@ -224,6 +232,7 @@ def snapshot(ctx, name: str | None) -> dict:
                     (not view.active) if view else False,
                     view.active if view else False),
         "loss": tuple(sorted(view.losses.items())) if view else (),
+        "val_loss": tuple(R.eval_losses(view)) if view else (),
         "lr": tuple(sorted(view.lrs.items())) if view else (),
         "eval_plot": tuple(R.eval_series(view)) if view else (),
         "eval": eval_html(view),
@@ -252,7 +261,8 @@ def render(data: dict, seen: dict) -> list:
         *([gr.update(interactive=stop_on), gr.update(interactive=resume_on), gr.update(interactive=delete_on),
            gr.update(interactive=kill_on)] if changed("buttons") else [gr.skip()] * 4),
         # Drawn (made visible) with their first point: Vega sizes the axes on the first draw.
-        gr.update(value=_loss_frame(dict(data["loss"])), visible=bool(data["loss"])) if changed("loss") else gr.skip(),
+        gr.update(value=_loss_frame(dict(data["loss"]), data["val_loss"]),
+                  visible=bool(data["loss"] or data["val_loss"])) if changed("loss") or changed("val_loss") else gr.skip(),
         gr.update(value=_frame(dict(data["lr"]), "lr"), visible=bool(data["lr"])) if changed("lr") else gr.skip(),
         gr.update(value=_eval_frame(data["eval_plot"]), visible=bool(data["eval_plot"]))
         if changed("eval_plot") else gr.skip(),

@@ -103,7 +103,8 @@ def prepare_run(config: Config, runs_dir: str | Path, hw: Hardware | None = None
     check_run_name(config.name)
     plan = plan_for(config, hw)
     config = resolve_paths(config, runs_dir)
-    plan = plan.with_buckets(config, check_data(config))
+    scan = check_data(config)
+    plan = plan.with_buckets(config, scan).with_held_out(scan)
     run_dir = create_run_dir(runs_dir, config.name)
     folder = RunFolder(run_dir)
     try:

@@ -34,6 +34,8 @@ class Plan:
     # Aspect-ratio buckets ((width, height, images), the fullest first) when data.bucketing is on; filled in by
     # the launcher from the dataset scan (`with_buckets`), since the plan itself reads no files.
     buckets: tuple[tuple[int, int, int], ...] = field(default=())
+    # Images held out of training for the validation loss (data.val_split / data.val_path), from the same scan.
+    val_images: int = 0
 
     @property
     def world_size(self) -> int:
@@ -54,6 +56,8 @@ class Plan:
             from trainer.core.data.buckets import describe
 
             line += f" · buckets {describe(self.buckets)}"
+        if self.val_images:
+            line += f" · val_loss on {self.val_images} held-out image{'s' if self.val_images != 1 else ''}"
         return line
 
     def _sharding_text(self) -> str:
@@ -102,6 +106,13 @@ class Plan:
             notes += (f"buckets with fewer images than batch {self.total} repeat some of them within a step: "
                       f"{', '.join(small)}",)
         return replace(self, buckets=rows, notes=notes)
+
+
+    def with_held_out(self, scan) -> "Plan":
+        """This plan counting the images `scan` (trainer.core.data.holdout.training_scan) keeps out of training."""
+        from dataclasses import replace
+
+        return replace(self, val_images=len(getattr(scan, "held_out", None) or ()))
 
 
 def resolve_batch(total: int, per_device: int, world_size: int) -> tuple[int, int, int, list[str]]:

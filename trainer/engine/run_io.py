@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
-from trainer.families.protocol import Evaluates, HasCheckpointMetadata
+from trainer.families.protocol import HasCheckpointMetadata, evaluator_of
 from trainer.core.checkpoint import COMPLETE, CHECKPOINTS, CheckpointWriteError, latest_checkpoint, save_checkpoint
 from trainer.engine.optim import averaged_weights, is_schedule_free
 from trainer.core.runfolder import BEST, SAMPLES_DIR as SAMPLES, RunFolder
@@ -54,22 +54,23 @@ def draw_samples(run) -> None:
 
 
 def evaluate(run) -> None:
-    """The family's metrics (if it has any) as an `eval` event. Every rank takes part: metrics such as mAP
-    are gathered across processes by the family. A family with a `best_metric` (e.g. detection's `map`) gets
-    checkpoints/best/ kept by it; one with `eval_samples(step)` -> [(index, caption, image)] gets them written
-    as samples (detection: the precision-recall curve)."""
-    family = run.family
-    if not isinstance(family, Evaluates):
+    """The run's metrics (if it has any: trainer.families.protocol.evaluator_of) as an `eval` event. Every rank
+    takes part: metrics such as mAP or the validation loss are gathered across processes by the evaluator. Its
+    `best_metric` (detection's `map`, the diffusion families' `val_loss`) keeps checkpoints/best/ (`eval.best`);
+    its `eval_samples(step)` -> [(index, caption, image)] are written as samples (detection: the
+    precision-recall curve)."""
+    evaluator = evaluator_of(run.family)
+    if evaluator is None:
         return
     step = run.state.step
     run.phase = f"evaluating at step {step}"
     with averaged_weights(run.optimizer):
-        metrics = family.evaluate(step)
+        metrics = evaluator.evaluate(step)
         if metrics:
             run.events.emit("eval", step=step, **metrics)
         with run.parallel.gathered():
             if run.accelerator.is_main_process:
-                _write_samples(run, step, family.eval_samples(step))
+                _write_samples(run, step, evaluator.eval_samples(step))
                 if metrics:
                     keep_best(run, metrics)
             run.accelerator.wait_for_everyone()
@@ -81,23 +82,42 @@ def _metadata(run, step: int) -> dict | None:
 
 
 def read_best(run_dir) -> dict | None:
-    """{"step", "metric", "value"} of checkpoints/best/, or None when there is none (complete)."""
+    """{"step", "metric", "value", "mode"} of checkpoints/best/, or None when there is none (complete)."""
     try:
         return json.loads((run_dir / CHECKPOINTS / BEST / COMPLETE).read_text())
     except (OSError, ValueError):
         return None
 
 
+def best_rule(run) -> tuple[str, str] | None:
+    """(metric, "max" | "min") that keeps checkpoints/best/: the evaluator's `best_metric` unless `eval.best`
+    says none (validation refuses a metric the family does not report)."""
+    evaluator = evaluator_of(run.family)
+    choice = run.config.eval.best
+    if evaluator is None or evaluator.best_metric is None or choice not in ("auto", evaluator.best_metric):
+        return None
+    return evaluator.best_metric, evaluator.best_mode
+
+
+def _improves(value: float, previous: dict | None, name: str, mode: str) -> bool:
+    if previous is None or previous.get("metric") != name or previous.get("value") is None:
+        return True
+    return value < previous["value"] if mode == "min" else value > previous["value"]
+
+
 def keep_best(run, metrics: dict) -> None:
-    """Rank 0: when the family's `best_metric` beats checkpoints/best/, replace it (written in a temp folder,
+    """Rank 0: when the evaluator's `best_metric` beats checkpoints/best/, replace it (written in a temp folder,
     then swapped in by renames, so a reader sees the old or the new one, never half of one); a `best` event."""
-    name = run.family.best_metric if isinstance(run.family, Evaluates) else None
-    value = metrics.get(name) if name else None
+    rule = best_rule(run)
+    if rule is None:
+        return
+    name, mode = rule
+    value = metrics.get(name)
     if value is None:
         return
     step = run.state.step
     previous = read_best(run.run_dir)
-    if previous is not None and previous.get("metric") == name and previous.get("value", -1) >= value:
+    if not _improves(value, previous, name, mode):
         return
     root = run.run_dir / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
@@ -107,7 +127,7 @@ def keep_best(run, metrics: dict) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         save_file(run.family.trainable_state(), str(tmp / "trainable.safetensors"), metadata=metadata)
-        (tmp / COMPLETE).write_text(json.dumps({"step": step, "metric": name, "value": value}))
+        (tmp / COMPLETE).write_text(json.dumps({"step": step, "metric": name, "value": value, "mode": mode}))
         for file in tmp.iterdir():
             with open(file, "rb") as f:
                 os.fsync(f.fileno())
@@ -122,7 +142,7 @@ def keep_best(run, metrics: dict) -> None:
         run.events.emit("warning", step=step, message=f"could not write checkpoints/{BEST} ({exc.strerror or exc}); "
                                                       "the previous best is kept. Free some disk space.")
         return
-    run.events.emit("best", step=step, metric=name, value=value, path=f"{CHECKPOINTS}/{BEST}",
+    run.events.emit("best", step=step, metric=name, value=value, mode=mode, path=f"{CHECKPOINTS}/{BEST}",
                     previous=previous.get("value") if previous else None)
 
 

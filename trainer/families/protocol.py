@@ -4,8 +4,8 @@ A family owns its models, its dataset and its maths; the loop owns the step: acc
 clipping, optimizer and scheduler, stopping, checkpoints and events. A family is a folder under
 trainer/families/ with a torch-free spec (trainer.families.spec) naming its implementation of `Family`.
 
-Optional abilities are protocols of their own (`Evaluates`, `HasCheckpointMetadata`, `Bucketed`): the engine
-asks `isinstance(family, Evaluates)` instead of looking for attributes by name.
+Optional abilities are protocols of their own (`Evaluates`, `HasEvaluator`, `HasCheckpointMetadata`, `Bucketed`):
+the engine asks `isinstance(family, Evaluates)` instead of looking for attributes by name.
 """
 
 from __future__ import annotations
@@ -99,14 +99,30 @@ class Family(Protocol):
 @runtime_checkable
 class Evaluates(Protocol):
     """A family with metrics: `evaluate` runs on every rank every `eval.every` steps and at the end; its dict
-    becomes an `eval` event (rank 0's). checkpoints/best/ follows `best_metric` (higher is better)."""
+    becomes an `eval` event (rank 0's). checkpoints/best/ follows `best_metric` (with `eval.best: auto`), which
+    is better when higher (`best_mode` "max": detection's mAP) or lower ("min": the validation loss)."""
 
     best_metric: str | None
+    best_mode: str
 
     def evaluate(self, step: int) -> dict | None: ...
 
     def eval_samples(self, step: int) -> list[tuple[int, str, Image.Image]]:
         """(index, caption, image) written as samples after an evaluation (detection: precision-recall)."""
+
+
+@runtime_checkable
+class HasEvaluator(Protocol):
+    evaluator: Evaluates | None
+    """What evaluates the family when the run asks for it (the diffusion families: their validation loss, when
+    the run holds images out); None: the run has no evaluations, as for a family without `Evaluates`."""
+
+
+def evaluator_of(family: Any) -> Evaluates | None:
+    """What evaluates this run: the family itself (detection), the evaluator it holds, or nothing."""
+    if isinstance(family, Evaluates):
+        return family
+    return family.evaluator if isinstance(family, HasEvaluator) else None
 
 
 @runtime_checkable

@@ -22,7 +22,7 @@ COMMON_FROZEN_ON_RESUME = (
     "batch.total", "data.path", "train.optimizer",
 )
 # The diffusion families' keys that name local files or folders (model.path may also be a hub id or demo://).
-DIFFUSION_PATH_KEYS = ("model.path", "model.config", "data.path", "prior.class_path")
+DIFFUSION_PATH_KEYS = ("model.path", "model.config", "data.path", "data.val_path", "prior.class_path")
 
 
 def load_object(ref: str) -> Any:
@@ -114,12 +114,9 @@ class FamilySpec:
 
 
 def check_captioned_images(config):
-    """The diffusion families' data check: a folder of images with captions (trainer.core.data.scan). Returns
-    the scan (the launcher lists its aspect-ratio buckets in the plan)."""
-    from trainer.core.data.scan import require_usable, scan_dataset
+    """The diffusion families' data check: a folder of images with captions (trainer.core.data.scan), less the
+    images held out for the validation loss (trainer.core.data.holdout). Returns the training part of the scan
+    (the launcher lists its aspect-ratio buckets and the held-out count in the plan)."""
+    from trainer.core.data.holdout import training_scan
 
-    data = config.data
-    scan = scan_dataset(data.path, instance_prompt=data.instance_prompt, caption_extension=data.caption_extension,
-                        resolution=data.resolution)
-    require_usable(scan)
-    return scan
+    return training_scan(config, resolution=config.data.resolution)

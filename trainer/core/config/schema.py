@@ -119,6 +119,22 @@ class DataConfig:
                                                "limits it.")
     bucket_max_side: Optional[int] = key(None, "Largest bucket side in pixels; unset: resolution x "
                                                "sqrt(bucket_max_aspect).")
+    val_split: float = key(
+        0.0,
+        "Fraction of data.path's images held out of training for the validation loss (0: none; 0.1: one image in "
+        "ten). Which images is decided by `seed` and each image's path, by image (kohya repeats do not count), the "
+        "same on any number of processes; at least one image is held out and at least one must stay to train. "
+        "Every `eval.every` steps and at the end the run reports `val_loss` in its `eval` events: the mean loss "
+        "over the held-out images, each at the same noise and timestep at every evaluation (center crop, no flip), "
+        "weighted as the training loss is (Min-SNR for SD/SDXL, `flow.weighting` for SD3/FLUX), so the numbers "
+        "compare across steps, process counts and resumes; `eval.best` keeps the weights of the lowest. Not for "
+        "detection, which evaluates on its own validation set.",
+    )
+    val_path: str = key(
+        "",
+        "A folder of captioned images (the layouts data.path takes) to compute `val_loss` on instead of a split of "
+        "data.path; never trained on. Use either this or `data.val_split`, not both.",
+    )
     cache_text_embeddings: Optional[bool] = key(
         None,
         "Encode each caption with the text encoders once (cached on disk), then move the frozen encoders off the "
@@ -220,7 +236,16 @@ class SampleConfig:
 
 @dataclass
 class EvalConfig:
-    every: int = key(0, "Evaluate every N optimizer steps, for families with metrics (detection: mAP); 0: only at the end.")
+    every: int = key(0, "Evaluate every N optimizer steps, for runs with metrics (detection: mAP; diffusion families "
+                        "with `data.val_split` or `data.val_path`: `val_loss`); 0: only at the end.")
+    best: str = key(
+        "auto",
+        "What keeps `checkpoints/best/` (the trained weights of the best evaluation so far): `auto` (detection: "
+        "`detection.best_metric`, higher is better; diffusion families with held-out images: `val_loss`, lower "
+        "is better), `val_loss`, or `none` (no best checkpoint: for a full fine-tune it is a second copy of the "
+        "model).",
+        choices=("auto", "val_loss", "none"),
+    )
 
 
 @dataclass

@@ -57,6 +57,8 @@ class DatasetScan:
     warnings: list[str] = field(default_factory=list)
     folders: dict[str, int] = field(default_factory=dict)  # kohya folder name -> repeats
     root: str = ""
+    held_out: list[ImageItem] = field(default_factory=list)
+    """Images kept out of `items` for the validation loss (trainer.core.data.holdout); empty without one."""
 
     @property
     def image_count(self) -> int:

@@ -19,7 +19,8 @@ import torch
 from PIL import Image
 
 from trainer.core.data.buckets import BucketSpec, assign_buckets
-from trainer.core.data.scan import ImageItem, require_usable, scan_dataset
+from trainer.core.data.holdout import training_scan
+from trainer.core.data.scan import ImageItem
 from trainer.families.components.captioned import load_image_tensor, sample_rng
 from trainer.families.components.latent_cache import build_latent_cache, cache_key
 from trainer.families.components.prior import ensure_class_images
@@ -27,7 +28,8 @@ from trainer.families.protocol import Sample, WorkerContext
 
 Row = tuple[int, int, int, int, str]
 """One sample as the loss sees it: (stream position, epoch, image index, expanded index, kind), where kind is
-"instance" (a training image) or "class" (a prior-preservation image)."""
+"instance" (a training image), "class" (a prior-preservation image) or "val" (a held-out image: its index is its
+position, its epoch 0; see trainer.families.components.validation)."""
 Size = int | tuple[int, int]
 """A pixel size: the square resolution, or a bucket's (width, height)."""
 LatentTable = dict[str, Any]
@@ -38,7 +40,9 @@ DrawImages = Callable[..., list[Image.Image]]
 
 class CaptionedLatents:
     """A folder of captioned images as VAE latents. Call `prepare` once (after the VAE is placed); then
-    `rows`, `latent_dist`, `caption`, `item` and `target` serve the loss."""
+    `rows`, `latent_dist`, `caption`, `item` and `target` serve the loss. The images held out for the validation
+    loss (`held_out`) are served the same way, as kind "val": center-cropped, never flipped, in their own
+    buckets, and never part of an epoch."""
 
     def __init__(self, ctx: WorkerContext, vae: Any, *, draw_class_images: DrawImages | None = None):
         self.ctx = ctx
@@ -55,17 +59,19 @@ class CaptionedLatents:
         self.use_cache = False
         self.latents: LatentTable | None = None
         self.class_latents: LatentTable | None = None
+        self.held_out: list[ImageItem] = []
+        self.held_out_buckets: list[tuple[int, int]] | None = None
+        self.held_out_bucket: list[int] | None = None
+        self.held_out_latents: LatentTable | None = None
 
     def prepare(self) -> int:
         """Scan, check, bucket and cache; return the number of items per epoch (repeats included)."""
         cfg, ctx = self.cfg, self.ctx
-        scan = scan_dataset(cfg.data.path, instance_prompt=cfg.data.instance_prompt,
-                            caption_extension=cfg.data.caption_extension,
-                            resolution=None if cfg.data.bucketing else cfg.data.resolution)  # buckets: own check
-        require_usable(scan)
+        # Held-out images are gone from `scan.items`: neither an epoch, nor buckets, nor the cache sees them.
+        scan = training_scan(cfg, resolution=None if cfg.data.bucketing else cfg.data.resolution)  # buckets: own check
         for warning in scan.warnings:
             ctx.log_warning(f"data: {warning}")
-        self.images = scan.items
+        self.images, self.held_out = scan.items, scan.held_out
         self.expanded = [i for i, item in enumerate(scan.items) for _ in range(item.repeats)]
         self._assign_buckets()
         self.class_images = []
@@ -73,14 +79,17 @@ class CaptionedLatents:
             if self.draw_class_images is None:
                 raise ValueError("prior.enabled needs a way to draw class images")
             self.class_images = ensure_class_images(self.draw_class_images, ctx)
-        self.latents = self.class_latents = None
+        self.latents = self.class_latents = self.held_out_latents = None
         self.use_cache = cfg.data.cache_latents and cfg.data.center_crop
         if cfg.data.cache_latents and not cfg.data.center_crop:
             ctx.log_warning("data.cache_latents is off because data.center_crop is false (random crops)")
         if self.use_cache:
-            self.latents = self._cache(self.images, "instance")
+            self.latents = self._cache(self.images, "instance", self.buckets, self.image_bucket, cfg.data.flip)
             if self.class_images:
-                self.class_latents = self._cache(self.class_images, "class")
+                self.class_latents = self._cache(self.class_images, "class", None, None, cfg.data.flip)
+        if self.held_out and cfg.data.cache_latents:  # always center-cropped and unflipped: cached whatever the crop
+            self.held_out_latents = self._cache(self.held_out, "val", self.held_out_buckets, self.held_out_bucket,
+                                                False)
         return len(self.expanded)
 
     def _assign_buckets(self) -> None:
@@ -89,10 +98,14 @@ class CaptionedLatents:
         takes every optimizer step's batch from one bucket); all None without bucketing."""
         cfg, ctx = self.cfg, self.ctx
         self.buckets = self.image_bucket = self.item_buckets = None
+        self.held_out_buckets = self.held_out_bucket = None
         if not cfg.data.bucketing:
             return
-        buckets, image_bucket = assign_buckets([(i.width, i.height) for i in self.images],
-                                               BucketSpec.from_config(cfg.data))
+        spec = BucketSpec.from_config(cfg.data)
+        if self.held_out:  # each held-out image in the bucket it would train in; their own list, not the stream's
+            self.held_out_buckets, self.held_out_bucket = assign_buckets([(i.width, i.height) for i in self.held_out],
+                                                                         spec)
+        buckets, image_bucket = assign_buckets([(i.width, i.height) for i in self.images], spec)
         self.buckets, self.image_bucket = buckets, image_bucket
         self.item_buckets = item_buckets = [image_bucket[i] for i in self.expanded]
         for item, bucket in zip(self.images, image_bucket):
@@ -109,18 +122,29 @@ class CaptionedLatents:
 
     # ---- what the loss asks -------------------------------------------------------------------------------
     def item(self, image_index: int, kind: str) -> ImageItem:
-        return (self.images if kind == "instance" else self.class_images)[image_index]
+        return {"instance": self.images, "class": self.class_images, "val": self.held_out}[kind][image_index]
 
     def caption(self, image_index: int, kind: str) -> str:
         """Class images are captioned with the class prompt whatever their .txt says: that is what the prior
         means."""
-        return self.images[image_index].caption if kind == "instance" else self.cfg.prior.class_prompt
+        return self.cfg.prior.class_prompt if kind == "class" else self.item(image_index, kind).caption
+
+    def captions(self) -> list[str]:
+        """Every caption a loss may ask for (training and held-out images, the class prompt): the text caches'."""
+        out = [item.caption for item in self.images + self.held_out]
+        return out + [self.cfg.prior.class_prompt] if self.class_images else out
 
     def target(self, image_index: int, kind: str) -> Size:
         """The pixel size a sample is made at: its bucket's (width, height), or the square resolution."""
         if kind == "instance" and self.buckets is not None and self.image_bucket is not None:
             return self.buckets[self.image_bucket[image_index]]
+        if kind == "val" and self.held_out_buckets is not None and self.held_out_bucket is not None:
+            return self.held_out_buckets[self.held_out_bucket[image_index]]
         return self.cfg.data.resolution
+
+    def center_cropped(self, kind: str) -> bool:
+        """Whether a sample of `kind` is cropped at the center (held-out ones always are)."""
+        return kind == "val" or self.cfg.data.center_crop
 
     def rows(self, samples: Sequence[Sample]) -> tuple[list[Row], list[Row]]:
         """The micro-batch's instance rows and, with prior preservation, its class rows: the class image of a
@@ -142,43 +166,44 @@ class CaptionedLatents:
     def latent_dist(self, image_index: int, epoch: int, expanded_index: int, kind: str):
         """(mean, std) of the VAE latent distribution of one training sample, with its augmentation."""
         cfg = self.cfg
-        cached = self.latents if kind == "instance" else self.class_latents
-        if self.use_cache and cached is not None:
-            mirrored = cfg.data.flip and sample_rng(cfg.seed, epoch, expanded_index).random() < 0.5
+        cached = {"instance": self.latents, "class": self.class_latents, "val": self.held_out_latents}[kind]
+        flip = cfg.data.flip and kind != "val"
+        if cached is not None:
+            mirrored = flip and sample_rng(cfg.seed, epoch, expanded_index).random() < 0.5
             suffix = "_flip" if mirrored else ""
             return cached["mean" + suffix][image_index], cached["std" + suffix][image_index]
         pixels = load_image_tensor(self.item(image_index, kind).path, self.target(image_index, kind),
-                                   crop="center" if cfg.data.center_crop else "random", flip=cfg.data.flip,
+                                   crop="center" if self.center_cropped(kind) else "random", flip=flip,
                                    rng=sample_rng(cfg.seed, epoch, expanded_index))
         with torch.no_grad():
             dist = self.vae.encode(pixels[None].to(self.ctx.device, self.vae.dtype)).latent_dist
         return dist.mean[0].float().cpu(), dist.std[0].float().cpu()
 
     # ---- the latent cache ---------------------------------------------------------------------------------
-    def _cache(self, items: list[ImageItem], kind: str) -> LatentTable:
+    def _cache(self, items: list[ImageItem], kind: str, buckets: list[tuple[int, int]] | None,
+               image_bucket: list[int] | None, flip: bool) -> LatentTable:
         """With buckets, each bucket has its own cache (chunks of one shape), and the rows are gathered per
         image."""
-        if kind != "instance" or self.buckets is None or self.image_bucket is None:
-            return self._cache_rows(items, kind, self.cfg.data.resolution)
+        if buckets is None or image_bucket is None:
+            return self._cache_rows(items, kind, self.cfg.data.resolution, flip)
         table: dict[str, list] = {}
-        for bucket, size in enumerate(self.buckets):
-            members = [i for i, b in enumerate(self.image_bucket) if b == bucket]
-            rows = self._cache_rows([items[i] for i in members], kind, size)
+        for bucket, size in enumerate(buckets):
+            members = [i for i, b in enumerate(image_bucket) if b == bucket]
+            rows = self._cache_rows([items[i] for i in members], kind, size, flip)
             for name, values in rows.items():
                 column = table.setdefault(name, [None] * len(items))
                 for row, index in enumerate(members):
                     column[index] = values[row]
         return table
 
-    def _cache_rows(self, items: list[ImageItem], kind: str, size: Size) -> dict[str, torch.Tensor]:
+    def _cache_rows(self, items: list[ImageItem], kind: str, size: Size, flip: bool) -> dict[str, torch.Tensor]:
         cfg, ctx = self.cfg, self.ctx
         # The key's parts are those of the first runs' caches: changing them orphans every cache on disk.
         parts: dict[str, Any] = {"model": cfg.model.path, "vae": dict(self.vae.config), "res": cfg.data.resolution,
-                                 "flip": cfg.data.flip, "kind": kind}
+                                 "flip": flip, "kind": kind}
         if not isinstance(size, int):
             parts["bucket"] = list(size)
         key = cache_key(parts, [i.path for i in items])
-        flip = cfg.data.flip
 
         @torch.no_grad()
         def encode(indices):

@@ -21,14 +21,44 @@ def model_path_problem(key: str, path: str) -> str | None:
 
 
 def diffusion_checks(config, *, check_paths: bool = True) -> list[str]:
-    """model.path / model.config name a model; data.path a folder of captioned images."""
+    """model.path / model.config name a model; data.path a folder of captioned images; the held-out images."""
+    p = held_out_problems(config, check_paths=check_paths)
     if not check_paths:
-        return []
-    p = [q for key, value in (("model.path", config.model.path), ("model.config", config.model.config))
-         if (key == "model.path" or value) and (q := model_path_problem(key, value))]
+        return p
+    p += [q for key, value in (("model.path", config.model.path), ("model.config", config.model.config))
+          if (key == "model.path" or value) and (q := model_path_problem(key, value))]
     data = config.data.path
     if not data:
         p.append("data.path: is empty; set it to a folder of training images")
     elif not data.startswith(DEMO_SCHEME) and not Path(data).expanduser().is_dir():
         p.append(f"data.path: folder '{data}' does not exist; point it at a folder of images")
     return p
+
+
+def held_out_problems(config, *, check_paths: bool = True) -> list[str]:
+    """data.val_split / data.val_path / eval.best (the validation loss); whether data.path holds enough images
+    for the split is the data check's to say (trainer.core.data.holdout)."""
+    data, p = config.data, []
+    if not 0 <= data.val_split < 1:
+        p.append(f"data.val_split: must be a fraction in [0, 1) of data.path's images to hold out for the validation "
+                 f"loss (0.1: one image in ten; 0: none), got {data.val_split}")
+    if data.val_split and data.val_path:
+        p.append("data.val_path: data.val_split is set too, but the held-out images come from one of them: a share "
+                 "of data.path (data.val_split) or a folder of their own (data.val_path); leave data.val_path empty "
+                 "or set data.val_split=0")
+    if config.eval.best == "val_loss" and not (data.val_split or data.val_path):
+        p.append("eval.best: val_loss needs held-out images to measure it on: set data.val_split (e.g. 0.1) or "
+                 "data.val_path, or set eval.best=auto")
+    if check_paths and data.val_path and not data.val_path.startswith(DEMO_SCHEME):
+        folder = Path(data.val_path).expanduser()
+        if not folder.is_dir():
+            p.append(f"data.val_path: folder '{data.val_path}' does not exist; point it at a folder of captioned "
+                     "images kept out of training, or leave it empty")
+        elif data.path and not data.path.startswith(DEMO_SCHEME) and _same_folder(folder, Path(data.path)):
+            p.append("data.val_path: is data.path itself, so every validation image would also be trained on; hold "
+                     "out part of data.path with data.val_split instead, or give a folder of other images")
+    return p
+
+
+def _same_folder(a: Path, b: Path) -> bool:
+    return os.path.realpath(a.expanduser()) == os.path.realpath(b.expanduser())

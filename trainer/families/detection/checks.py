@@ -50,6 +50,14 @@ def detection_problems(config: Config, *, check_paths: bool = True) -> list[str]
         if on_cpu:
             p.append("detection.sync_batchnorm: SyncBatchNorm needs CUDA GPUs (it refuses CPU modules); turn it off "
                      "for devices=cpu:N")
+    for name, value in (("val_split", config.data.val_split), ("val_path", config.data.val_path)):
+        if value:
+            p.append(f"data.{name}: detection evaluates on its own validation set (detection.val_path, YOLO's val, "
+                     "a val.json next to train.json, else detection.val_fraction of the training images), not on "
+                     f"held-out images; leave data.{name} unset")
+    if config.eval.best == "val_loss":
+        p.append("eval.best: val_loss is the diffusion families' validation loss; detection keeps checkpoints/best/ by "
+                 "detection.best_metric (map or map50): set eval.best=auto, or none for no best checkpoint")
     if not 0 < d.val_fraction < 1:
         p.append(f"detection.val_fraction: must be between 0 and 1, got {d.val_fraction}")
     unknown = [a for a in d.augment if a not in AUGMENTATIONS]

@@ -38,6 +38,7 @@ class DetectionFamily:
         self.ctx = ctx
         self.cfg = ctx.config
         self.best_metric = ctx.config.detection.best_metric  # run_io keeps checkpoints/best/ by it
+        self.best_mode = "max"
         self.prepared: list[torch.nn.Module] = []
         self.ema = None
         self._curves: tuple[int, dict, dict] | None = None  # (step, curves, metrics) of the last evaluation

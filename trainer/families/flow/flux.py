@@ -19,7 +19,7 @@ from trainer.families.components import flow_matching as fm
 from trainer.families.components import trained_weights
 from trainer.families.flow.outputs import save_flow_outputs
 from trainer.families.flow.trainer import FlowTransformerTrainer
-from trainer.families.protocol import Sample, WorkerContext
+from trainer.families.protocol import Evaluates, Sample, WorkerContext
 
 DOUBLE_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj",
                   "attn.add_v_proj", "attn.to_add_out", "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj",
@@ -42,10 +42,12 @@ class FluxFamily:
         self.prepared: list[torch.nn.Module] = []
         self.ema: Any = None
         self.item_buckets: list[int] | None = None
+        self.evaluator: Evaluates | None = None  # the validation loss, when the run holds images out
 
     # ---- Family: the flow-matching trainer does the work --------------------------------------------------
     def load(self) -> None:
         self.flow.load()
+        self.evaluator = self.flow.evaluator
 
     def trainable_modules(self) -> list[torch.nn.Module]:
         return [self.flow.transformer]

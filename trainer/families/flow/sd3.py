@@ -17,7 +17,7 @@ from diffusers import StableDiffusion3Pipeline
 from trainer.families.components import trained_weights
 from trainer.families.flow.outputs import save_flow_outputs
 from trainer.families.flow.trainer import FlowTransformerTrainer
-from trainer.families.protocol import Sample, WorkerContext
+from trainer.families.protocol import Evaluates, Sample, WorkerContext
 
 TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj",
            "attn.add_v_proj", "attn.to_add_out", "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0")
@@ -38,10 +38,12 @@ class SD3Family:
         self.prepared: list[torch.nn.Module] = []
         self.ema: Any = None
         self.item_buckets: list[int] | None = None
+        self.evaluator: Evaluates | None = None  # the validation loss, when the run holds images out
 
     # ---- Family: the flow-matching trainer does the work --------------------------------------------------
     def load(self) -> None:
         self.flow.load()
+        self.evaluator = self.flow.evaluator
 
     def trainable_modules(self) -> list[torch.nn.Module]:
         return [self.flow.transformer]

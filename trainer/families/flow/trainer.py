@@ -24,7 +24,8 @@ from trainer.families.components import text_cache, trained_weights
 from trainer.families.components.base_weights import frozen_dtype, place_frozen_network
 from trainer.families.components.captioned import torch_generator
 from trainer.families.components.captioned_latents import CaptionedLatents, Row
-from trainer.families.protocol import Sample, WorkerContext
+from trainer.families.components.validation import held_out_loss
+from trainer.families.protocol import Evaluates, Sample, WorkerContext
 
 
 class FlowModel(Protocol):
@@ -74,6 +75,7 @@ class FlowTransformerTrainer:
         self.lora_targets: list[str] = []
         self.text_embeddings: dict[str, dict[str, torch.Tensor]] = {}  # without the disk cache: per run, in memory
         self.text_cache: text_cache.TextEmbeddings | None = None
+        self.evaluator: Evaluates | None = None
 
     # ---- models -------------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -109,6 +111,10 @@ class FlowTransformerTrainer:
         self.text_embeddings = {}
         self.text_cache = None
         self.data = CaptionedLatents(self.ctx, self.vae)  # no class images: prior preservation is refused above
+        # The validation loss goes through the transformer itself: no DDP wrapper expects a backward of it.
+        self.evaluator = held_out_loss(self.ctx, self.data,
+                                       lambda rows, stream: self._rows_loss(rows, stream, self.transformer),
+                                       lambda: [self.transformer])
 
     def _add_lora(self) -> None:
         cfg = self.cfg
@@ -169,8 +175,9 @@ class FlowTransformerTrainer:
 
     def _cache_text(self) -> None:
         cfg, ctx, model = self.cfg, self.ctx, self.model
-        captions = [item.caption for item in self.data.images]
-        captions += [t for prompt in trained_weights.sample_prompts(cfg.sample) for t in model.texts_for(prompt, cfg.sample.negative_prompt)]
+        captions = self.data.captions()
+        captions += [t for prompt in trained_weights.sample_prompts(cfg.sample)
+                     for t in model.texts_for(prompt, cfg.sample.negative_prompt)]
         key = {"family": self.name, "path": cfg.model.path, "revision": cfg.model.revision,
                "encoders": [te.config.to_dict() for te in self.text_encoders],
                "max_length": model.max_sequence_length(), "dtype": [str(te.dtype) for te in self.text_encoders]}

@@ -2,7 +2,8 @@
 epsilon and v-prediction, optional prior preservation.
 
 Composed of shared parts: the captioned data and latent cache (`CaptionedLatents`), model setup and the DDPM
-loss (`unet_training`), checkpoint tensors and sample prompts (`trained_weights`)."""
+loss (`unet_training`), checkpoint tensors and sample prompts (`trained_weights`), the validation loss on
+held-out images (`validation`)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from trainer.families.components import trained_weights
 from trainer.families.components.captioned_latents import CaptionedLatents, Row
 from trainer.families.components.sd_loading import load_sd_components
 from trainer.families.components.unet_training import ddpm_loss, setup_models
-from trainer.families.protocol import Sample, WorkerContext
+from trainer.families.components.validation import held_out_loss
+from trainer.families.protocol import Evaluates, Sample, WorkerContext
 
 
 class StableDiffusionFamily:
@@ -29,6 +31,7 @@ class StableDiffusionFamily:
         self.ema: Any = None
         self.item_buckets: list[int] | None = None
         self.tokens: dict[str, torch.Tensor] = {}
+        self.evaluator: Evaluates | None = None
 
     # ---- models -------------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -48,6 +51,7 @@ class StableDiffusionFamily:
         setup_models(cfg, self.ctx.plan, device, unet=self.unet, vae=self.vae, text_encoders=[self.text_encoder],
                      train_text_encoder=self.train_text_encoder)
         self.data = CaptionedLatents(self.ctx, self.vae, draw_class_images=self.sample)
+        self.evaluator = held_out_loss(self.ctx, self.data, self._plain_rows_loss, self.trainable_modules)
 
     def trainable_modules(self) -> list[torch.nn.Module]:
         return [self.unet, self.text_encoder] if self.train_text_encoder else [self.unet]
@@ -90,16 +94,23 @@ class StableDiffusionFamily:
     def loss(self, samples: list[Sample]) -> torch.Tensor:
         return self.data.loss(samples, self._rows_loss)
 
-    def _rows_loss(self, rows: list[Row], stream: int) -> torch.Tensor:
+    def _rows_loss(self, rows: list[Row], stream: int, *, plain: bool = False) -> torch.Tensor:
+        """Per-sample losses through the wrapped modules the loop accumulates on; `plain` (the validation loss,
+        without gradients): through the modules themselves, which no DDP wrapper expects a backward of."""
+        modules = self.trainable_modules() if plain else self.prepared
         return ddpm_loss(rows, stream, data=self.data, vae=self.vae, noise_scheduler=self.noise_scheduler,
-                         prediction_type=self.prediction_type, predict=self._predict)
+                         prediction_type=self.prediction_type,
+                         predict=lambda noisy, t, captions, rows: self._predict(noisy, t, captions, modules))
 
-    def _predict(self, noisy: torch.Tensor, t: torch.Tensor, captions: list[str], rows: list[Row]) -> torch.Tensor:
+    def _plain_rows_loss(self, rows: list[Row], stream: int) -> torch.Tensor:
+        return self._rows_loss(rows, stream, plain=True)
+
+    def _predict(self, noisy: torch.Tensor, t: torch.Tensor, captions: list[str], modules) -> torch.Tensor:
         device = self.ctx.device
-        unet = self.prepared[0]
-        text_encoder = self.prepared[1] if self.train_text_encoder else self.text_encoder
+        unet = modules[0]
+        text_encoder = modules[1] if self.train_text_encoder else self.text_encoder
         ids = torch.stack([self._token_ids(c) for c in captions]).to(device)
-        with torch.set_grad_enabled(self.train_text_encoder):
+        with torch.set_grad_enabled(self.train_text_encoder and torch.is_grad_enabled()):
             hidden = text_encoder(ids, return_dict=False)[0]
         return unet(noisy.to(self.unet.dtype), t, hidden, return_dict=False)[0]
 

@@ -2,10 +2,11 @@
 
 from trainer.families.spec import FamilySpec
 
-# Adapter and trained-part keys shape the checkpoint's tensors; prior.enabled changes what a step trains on.
+# Adapter and trained-part keys shape the checkpoint's tensors; prior.enabled and data.val_split change what a
+# step trains on; data.val_path is what val_loss (and so checkpoints/best/) has been measured on.
 DIFFUSION_FROZEN_ON_RESUME = (
     "lora.rank", "lora.unet_targets", "lora.train_text_encoder", "lora.text_encoder_targets",
-    "full.train_text_encoder", "full.ema", "prior.enabled",
+    "full.train_text_encoder", "full.ema", "prior.enabled", "data.val_split", "data.val_path",
 )
 
 SPEC = FamilySpec(

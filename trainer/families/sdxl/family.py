@@ -22,7 +22,8 @@ from trainer.families.components.captioned import _integer, flip_drawn, sample_r
 from trainer.families.components.captioned_latents import CaptionedLatents, Row
 from trainer.families.components.sd_loading import load_pipeline
 from trainer.families.components.unet_training import ddpm_loss, setup_models
-from trainer.families.protocol import Sample, WorkerContext
+from trainer.families.components.validation import held_out_loss
+from trainer.families.protocol import Evaluates, Sample, WorkerContext
 
 CACHE_TEXT_DEFAULT = True
 
@@ -37,6 +38,7 @@ class StableDiffusionXLFamily:
         self.ema: Any = None
         self.item_buckets: list[int] | None = None
         self.text_embeddings: text_cache.TextEmbeddings | None = None
+        self.evaluator: Evaluates | None = None
 
     # ---- models -------------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -70,6 +72,7 @@ class StableDiffusionXLFamily:
                 module.requires_grad_(False)
         self.text_embeddings = None
         self.data = CaptionedLatents(self.ctx, self.vae, draw_class_images=self.sample)
+        self.evaluator = held_out_loss(self.ctx, self.data, self._plain_rows_loss, self.trainable_modules)
 
     def trainable_modules(self) -> list[torch.nn.Module]:
         return [self.unet, self.text_encoder, self.text_encoder_2] if self.train_text_encoder else [self.unet]
@@ -103,9 +106,7 @@ class StableDiffusionXLFamily:
         if wanted and self.train_text_encoder:
             ctx.log_warning("data.cache_text_embeddings is off because the text encoders are trained")
         if wanted and not self.train_text_encoder:
-            captions = [item.caption for item in self.data.images]
-            if self.data.class_images:
-                captions.append(cfg.prior.class_prompt)
+            captions = self.data.captions()
             model = {"family": self.name, "path": cfg.model.path, "revision": cfg.model.revision,
                      "te1": self.text_encoder.config.to_dict(), "te2": self.text_encoder_2.config.to_dict(),
                      "max_length": (self.tokenizer.model_max_length, self.tokenizer_2.model_max_length),
@@ -138,7 +139,7 @@ class StableDiffusionXLFamily:
         target = self.data.target(image_index, kind)  # the square resolution, or the image's bucket
         tw, th = (target, target) if isinstance(target, int) else target
         _, (room_x, room_y) = cover_and_crop(item.width, item.height, (tw, th))
-        if self.data.use_cache or cfg.data.center_crop:
+        if self.data.center_cropped(kind):
             left, top = room_x // 2, room_y // 2
         else:  # replays load_image_tensor's draws: the flip coin (when flipping), then left, then top
             rng = sample_rng(cfg.seed, epoch, expanded_index)
@@ -151,24 +152,32 @@ class StableDiffusionXLFamily:
     def loss(self, samples: list[Sample]) -> torch.Tensor:
         return self.data.loss(samples, self._rows_loss)
 
-    def _rows_loss(self, rows: list[Row], stream: int) -> torch.Tensor:
+    def _rows_loss(self, rows: list[Row], stream: int, *, plain: bool = False) -> torch.Tensor:
+        """Per-sample losses through the wrapped modules the loop accumulates on; `plain` (the validation loss,
+        without gradients): through the modules themselves, which no DDP wrapper expects a backward of."""
+        modules = self.trainable_modules() if plain else self.prepared
         return ddpm_loss(rows, stream, data=self.data, vae=self.vae, noise_scheduler=self.noise_scheduler,
-                         prediction_type=self.prediction_type, predict=self._predict)
+                         prediction_type=self.prediction_type,
+                         predict=lambda noisy, t, captions, rows: self._predict(noisy, t, captions, rows, modules))
 
-    def _predict(self, noisy: torch.Tensor, t: torch.Tensor, captions: list[str], rows: list[Row]) -> torch.Tensor:
+    def _plain_rows_loss(self, rows: list[Row], stream: int) -> torch.Tensor:
+        return self._rows_loss(rows, stream, plain=True)
+
+    def _predict(self, noisy: torch.Tensor, t: torch.Tensor, captions: list[str], rows: list[Row],
+                 modules) -> torch.Tensor:
         device = self.ctx.device
         if self.text_embeddings is not None:
             cached = self.text_embeddings.stack(captions)
             hidden, pooled = cached["hidden"], cached["pooled"]
         else:
-            encoders = tuple(self.prepared[1:3]) if self.train_text_encoder else None
-            with torch.set_grad_enabled(self.train_text_encoder):
+            encoders = tuple(modules[1:3]) if self.train_text_encoder else None
+            with torch.set_grad_enabled(self.train_text_encoder and torch.is_grad_enabled()):
                 hidden, pooled = self.encode_prompts(captions, encoders)
         dtype = self.unet.dtype
         time_ids = torch.tensor([self.time_ids(row) for row in rows], dtype=torch.float32, device=device)
         added = {"text_embeds": pooled.to(device, dtype), "time_ids": time_ids.to(dtype)}
-        return self.prepared[0](noisy.to(dtype), t, hidden.to(device, dtype), added_cond_kwargs=added,
-                                return_dict=False)[0]
+        return modules[0](noisy.to(dtype), t, hidden.to(device, dtype), added_cond_kwargs=added,
+                          return_dict=False)[0]
 
     # ---- samples and outputs ------------------------------------------------------------------------------
     def pipeline(self) -> Any:
