@@ -89,7 +89,7 @@ class RunView:
     lrs: dict[int, float] = field(default_factory=dict)
     samples: dict[tuple[int, int], dict] = field(default_factory=dict)  # (step, prompt index) -> sample event
     warnings: list[str] = field(default_factory=list)
-    evals: dict[int, dict] = field(default_factory=dict)  # step -> `eval` event (a re-evaluated step replaces it)
+    evals: dict[int, dict] = field(default_factory=dict)  # step -> its `eval` events, merged
     best: dict | None = None  # the latest `best` event: {"step", "metric", "value", ...}
     has_progress: bool = False  # this launch reported a step (else it is still loading the model)
 
@@ -144,7 +144,10 @@ def _read_run(run_dir: Path, cache: EventCache) -> RunView:
         elif kind == "sample" and event.get("path"):
             view.samples[(event.get("step", 0), event.get("index", 0))] = event
         elif kind == "eval" and event.get("step") is not None:
-            view.evals[int(event["step"])] = event
+            # A step's scores (sample steps: concept/control) and its evaluation (val_loss, mAP) are separate
+            # events: merged; a re-evaluated step's metrics replace the earlier ones.
+            step = int(event["step"])
+            view.evals[step] = {**view.evals.get(step, {}), **event}
         elif kind == "best" and event.get("step") is not None:
             view.best = event
         elif kind == "warning":
@@ -238,7 +241,8 @@ def all_samples(view: RunView) -> list[tuple[str, str]]:
 
 # How metrics are labelled (detection's COCO metrics, the diffusion families' validation loss); others show
 # under their own names, in the order of this table first.
-METRIC_LABELS = {"map": "mAP", "map50": "mAP50", "map75": "mAP75", "mar100": "mAR100", "val_loss": "val loss"}
+METRIC_LABELS = {"map": "mAP", "map50": "mAP50", "map75": "mAP75", "mar100": "mAR100", "val_loss": "val loss",
+                 "concept": "concept score", "control": "control score"}
 # Shown in the latest evaluation, not over steps: detection's finer COCO numbers would crowd its mAP plot.
 NOT_PLOTTED = {"map75", "mar100"}
 NOT_METRICS = {"type", "time", "step", "per_class", "images", "val_images"}

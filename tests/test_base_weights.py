@@ -88,7 +88,7 @@ def test_nf4_base_weights_store_every_linear_in_4_bits_and_the_lora_still_learns
     assert losses[-1] < losses[0], losses
     # the same draws through weights rounded to 4 bits: near the full-precision loss, not identical
     assert losses[0] == pytest.approx(ref_losses[0], rel=0.1) and losses[0] != ref_losses[0]
-    [(prompt, image)] = family.render_samples(step=4)  # the sampling pipeline runs on the 4-bit network too
+    [(prompt, [image])] = family.render_samples(step=4)  # the sampling pipeline runs on the 4-bit network too
     assert prompt == "a red circle" and image.size == (64, 64)
 
 

@@ -13,6 +13,8 @@ from trainer.core.config import load_config
 from trainer.core.config.validate import DEMO_SCHEME
 from trainer.core.events import read_events
 from trainer.families import SPECS, demo_builders
+from trainer.families.components.trained_weights import sample_prompts
+from trainer.families.sd.demo import SHIPPED_MODEL
 
 PRESETS = Path(__file__).resolve().parents[1] / "presets"
 PIPELINES = {"sd": "StableDiffusionPipeline", "sdxl": "StableDiffusionXLPipeline",
@@ -44,11 +46,14 @@ def test_the_demo_preset_trains_to_done_and_its_lora_loads(tmp_path, family):
     run_dir, final = launch(tmp_path, config)
     assert final["type"] == "done", log_of(run_dir)
     samples = [e["step"] for e in read_events(run_dir) if e["type"] == "sample"]
-    prompts = len(config.sample.prompts)
+    prompts = len(sample_prompts(config.sample))
     assert samples == [0] * prompts + [2] * prompts + [4] * prompts
     assert all((run_dir / e["path"]).is_file() for e in read_events(run_dir) if e["type"] == "sample")
     model = Path(yaml.safe_load((run_dir / "config.yaml").read_text())["model"]["path"])
-    assert model.parent.name == ".demo"  # built once under the runs folder, shared by later runs
+    if family == "sd":  # the pretrained base ships with the package
+        assert model == SHIPPED_MODEL
+    else:
+        assert model.parent.name == ".demo"  # built once under the runs folder, shared by later runs
     pipe = getattr(diffusers, PIPELINES[family]).from_pretrained(model)
     pipe.load_lora_weights(run_dir / "output")
     assert_lora_loaded(pipe, final_weights(run_dir))

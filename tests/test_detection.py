@@ -150,7 +150,7 @@ def test_each_architecture_trains_evaluates_draws_saves_and_reloads(arch, shapes
     metrics = family.evaluate(2)
     assert {"map", "map50", "map75", "per_class", "images"} <= set(metrics) and metrics["images"] == 2
     assert set(metrics["per_class"]) <= set(family.classes)
-    (caption, picture), = family.render_samples(2)
+    (caption, [picture]), = family.render_samples(2)
     assert "predicted" in caption and picture.width > 2 * 128  # truth and prediction side by side, enlarged
     (index, caption, curve), = family.eval_samples(2)
     assert index == 1 and "precision-recall" in caption and curve.size == (560, 400)

@@ -37,7 +37,7 @@ def test_captions_are_encoded_once_then_the_encoders_are_not_used(tmp_path, flow
     assert set(family.flow.text_cache.index) == expected  # SD3's guidance also needs the negative prompt
     calls = _forbid_encoders(family)
     loss = family.loss(batch(stream, 0))
-    images = [image for _, image in family.render_samples(step=1)]
+    images = [image for _, [image] in family.render_samples(step=1)]
     assert calls == [] and len(images) == 2
 
     # the encoders' own outputs give the same loss and the same samples
@@ -46,7 +46,7 @@ def test_captions_are_encoded_once_then_the_encoders_are_not_used(tmp_path, flow
     assert direct.flow.text_cache is None
     direct_calls = _forbid_encoders(direct)
     torch.testing.assert_close(loss, direct.loss(batch(stream, 0)))
-    direct_images = [image for _, image in direct.render_samples(step=1)]
+    direct_images = [image for _, [image] in direct.render_samples(step=1)]
     assert direct_calls  # that path did use them
     for cached, encoded in zip(images, direct_images):
         assert np.abs(np.asarray(cached, dtype=np.int16) - np.asarray(encoded, dtype=np.int16)).max() <= 1

@@ -33,5 +33,8 @@ def test_the_wheel_ships_the_command_and_the_presets(tmp_path):
     shipped = {p.name for p in (REPO / "presets").glob("*.yaml")}
     assert {Path(n).name for n in names if n.startswith("presets/")} >= shipped
     assert "launch.py" in names and "trainer/families/sd/spec.py" in names
+    shipped_model = REPO / "trainer" / "assets" / "tiny-sd"  # the demo's pretrained base, every file of it
+    assert {n for n in names if n.startswith("trainer/assets/tiny-sd/")} == {
+        p.relative_to(REPO).as_posix() for p in shipped_model.rglob("*") if p.is_file()}
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "imagetune = launch:cli" in zipfile.ZipFile(wheel).read(entry_points).decode()

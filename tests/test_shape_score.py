@@ -75,3 +75,22 @@ def test_scored_prompts_are_validated(sample, message):
 
     problems = validate(_config({"sample": sample}), check_paths=False)
     assert any(message in p for p in problems), problems
+
+
+def test_every_sample_prompt_gets_its_images_from_fixed_seeds_and_scored_prompts_are_drawn_once():
+    from trainer.families.components.trained_weights import render_prompt_samples
+
+    calls = []
+
+    def sample(prompts, seeds, **options):
+        calls.append((prompts, seeds, options["size"]))
+        return [Image.new("RGB", (8, 8), (seed, 0, 0)) for seed in seeds]
+
+    cfg = _config({"sample": {"prompts": ["a", "b"], "images_per_prompt": 3, "seed": 10,
+                              "concept": {"prompt": "c", "shows": "yellow star"},
+                              "control": {"prompt": "a", "shows": "red circle"}}})
+    drawn = render_prompt_samples(cfg.sample, sample, (8, 8))
+    assert [prompt for prompt, _ in drawn] == ["a", "b", "c"]  # the control prompt is already among the prompts
+    assert calls == [(["a"] * 3 + ["b"] * 3 + ["c"] * 3, list(range(10, 19)), (8, 8))]
+    assert [[im.getpixel((0, 0))[0] for im in images] for _, images in drawn] == [[10, 11, 12], [13, 14, 15],
+                                                                                   [16, 17, 18]]

@@ -261,17 +261,17 @@ def test_the_ui_draws_val_loss_with_the_training_loss_and_every_score_on_the_eva
     from tests.test_app import PLAN, progress, write_run
 
     run = write_run(tmp_path, "val", [PLAN, progress(1, 0.9), progress(2, 0.7),
-                                      {"type": "eval", "step": 2, "val_loss": 0.61234, "val_images": 4,
-                                       "concept": 0.25},
+                                      {"type": "eval", "step": 2, "concept": 0.25},  # the sample step's scores
+                                      {"type": "eval", "step": 2, "val_loss": 0.61234, "val_images": 4},
                                       {"type": "best", "step": 2, "metric": "val_loss", "value": 0.61234,
                                        "mode": "min", "path": "checkpoints/best"}])
     view = read_run(run, EventCache())
     assert eval_losses(view) == [(2, "val loss", 0.61234)]
-    assert eval_series(view) == [(2, "concept", 0.25)]  # the loss is not drawn among the 0..1 scores
+    assert eval_series(view) == [(2, "concept score", 0.25)]  # the loss is not drawn among the 0..1 scores
     frame = ui_runs._loss_frame(dict(view.losses), eval_losses(view))
     assert sorted(set(frame["series"])) == ["per step", "smoothed", "val loss"]
     box = ui_runs.eval_html(view)
-    assert "on 4 held-out images" in box and "val loss <b>0.6123</b> · concept <b>0.250</b>" in box
+    assert "on 4 held-out images" in box and "val loss <b>0.6123</b> · concept score <b>0.250</b>" in box
     assert "Best so far: step <b>2</b> (val loss 0.6123)" in box
 
 
