@@ -95,3 +95,19 @@ def test_without_a_prior_there_are_no_class_rows_and_cached_latents_match_fresh_
             fresh_mean, _ = fresh.latent_dist(index, epoch, index, "instance")
             torch.testing.assert_close(mean, fresh_mean)
             assert mean.shape == (3, 4, 4) and torch.all(std == 1)
+
+
+def test_caches_are_keyed_by_the_weights_not_only_by_the_config_and_path():
+    # A model folder retrained or re-downloaded in place keeps its path and config: its old latents (or text
+    # embeddings) must not come back.
+    from trainer.families.components.latent_cache import cache_key, weights_fingerprint
+
+    torch.manual_seed(0)
+    vae = torch.nn.Conv2d(3, 4, 3)
+    before = weights_fingerprint(vae)
+    assert weights_fingerprint(vae) == before  # stable
+    with torch.no_grad():
+        vae.weight[0, 0, 0, 0] += 1e-4
+    after = weights_fingerprint(vae)
+    assert after != before
+    assert cache_key({"weights": before}, []) != cache_key({"weights": after}, [])

@@ -22,7 +22,7 @@ from trainer.core.data.buckets import BucketSpec, assign_buckets
 from trainer.core.data.holdout import training_scan
 from trainer.core.data.scan import ImageItem
 from trainer.families.components.captioned import load_image_tensor, sample_rng
-from trainer.families.components.latent_cache import build_latent_cache, cache_key
+from trainer.families.components.latent_cache import build_latent_cache, cache_key, weights_fingerprint
 from trainer.families.components.prior import ensure_class_images
 from trainer.families.protocol import Sample, WorkerContext
 
@@ -59,6 +59,13 @@ class CaptionedLatents:
         self.use_cache = False
         self.latents: LatentTable | None = None
         self.class_latents: LatentTable | None = None
+        self._fingerprint: str | None = None
+
+    @property
+    def vae_fingerprint(self) -> str:
+        if self._fingerprint is None:
+            self._fingerprint = weights_fingerprint(self.vae)
+        return self._fingerprint
         self.held_out: list[ImageItem] = []
         self.held_out_buckets: list[tuple[int, int]] | None = None
         self.held_out_bucket: list[int] | None = None
@@ -200,7 +207,7 @@ class CaptionedLatents:
         cfg, ctx = self.cfg, self.ctx
         # The key's parts are those of the first runs' caches: changing them orphans every cache on disk.
         parts: dict[str, Any] = {"model": cfg.model.path, "vae": dict(self.vae.config), "res": cfg.data.resolution,
-                                 "flip": flip, "kind": kind}
+                                 "flip": flip, "kind": kind, "weights": self.vae_fingerprint}
         if not isinstance(size, int):
             parts["bucket"] = list(size)
         key = cache_key(parts, [i.path for i in items])

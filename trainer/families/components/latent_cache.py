@@ -23,6 +23,17 @@ from safetensors.torch import load_file, save_file
 CHUNK = 8
 
 
+@torch.no_grad()
+def weights_fingerprint(*modules: torch.nn.Module) -> str:
+    """A digest of the modules' weights (the float64 sum and absolute sum of every tensor): part of every cache key,
+    because a model folder's config and path stay the same when its weights change (a re-download, a retrained
+    model written over the old one), and latents or text embeddings of the old weights would be reused silently.
+    (Found when the demo's base was retrained in place: the runs folder's latents of the old VAE came back.)"""
+    stats = [torch.stack([t.double().sum(), t.double().abs().sum()]).cpu()
+             for module in modules for t in module.state_dict().values() if t.is_floating_point()]
+    return hashlib.sha256(torch.cat(stats).numpy().tobytes()).hexdigest()[:16] if stats else ""
+
+
 def cache_key(parts: dict, files: list[str]) -> str:
     h = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode())
     for file in files:

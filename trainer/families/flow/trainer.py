@@ -24,6 +24,7 @@ from trainer.families.components import text_cache, trained_weights
 from trainer.families.components.base_weights import frozen_dtype, place_frozen_network
 from trainer.families.components.captioned import torch_generator
 from trainer.families.components.captioned_latents import CaptionedLatents, Row
+from trainer.families.components.latent_cache import weights_fingerprint
 from trainer.families.components.validation import held_out_loss
 from trainer.families.protocol import Evaluates, Sample, WorkerContext
 
@@ -180,7 +181,8 @@ class FlowTransformerTrainer:
                      for t in model.texts_for(prompt, cfg.sample.negative_prompt)]
         key = {"family": self.name, "path": cfg.model.path, "revision": cfg.model.revision,
                "encoders": [te.config.to_dict() for te in self.text_encoders],
-               "max_length": model.max_sequence_length(), "dtype": [str(te.dtype) for te in self.text_encoders]}
+               "max_length": model.max_sequence_length(), "dtype": [str(te.dtype) for te in self.text_encoders],
+               "weights": weights_fingerprint(*self.text_encoders)}
         folder = ctx.cache_dir / "text" / text_cache.text_cache_key(key, captions)
 
         def encode(batch: list[str]) -> dict[str, torch.Tensor]:

@@ -37,7 +37,7 @@ from trainer.families.components.tiny_assets import SPECIALS, build_bpe, write_c
 SIZE = 64           # pixels; the VAE downsamples 4x to 16x16x4 latents
 CHECKSUMS = "SHA256SUMS"
 REPORT = "pretraining.json"
-GUIDANCE = 7.5  # classifier-free guidance scale the measurement samples with: the demo presets' sample.guidance_scale
+GUIDANCE = 4.0  # classifier-free guidance scale the measurement samples with: the demo presets' sample.guidance_scale
 VAE_CHANNELS = (8, 16, 32)  # the 64 px level dominates the cost: 8 channels are enough for flat shapes
 # GroupNorm over 2 groups, not SD's 4 channels a group: a group of one or two channels normalises away its mean,
 # the flat colour of a shape, and the VAE then returned the right shapes in the wrong colours (measured: 8 groups

@@ -17,6 +17,7 @@ import torch
 from diffusers import DDPMScheduler, DPMSolverMultistepScheduler, StableDiffusionXLPipeline
 
 from trainer.core.data.buckets import cover_and_crop
+from trainer.families.components.latent_cache import weights_fingerprint
 from trainer.families.components import text_cache, trained_weights
 from trainer.families.components.captioned import _integer, flip_drawn, sample_rng
 from trainer.families.components.captioned_latents import CaptionedLatents, Row
@@ -110,7 +111,8 @@ class StableDiffusionXLFamily:
             model = {"family": self.name, "path": cfg.model.path, "revision": cfg.model.revision,
                      "te1": self.text_encoder.config.to_dict(), "te2": self.text_encoder_2.config.to_dict(),
                      "max_length": (self.tokenizer.model_max_length, self.tokenizer_2.model_max_length),
-                     "dtype": str(self.text_encoder.dtype)}
+                     "dtype": str(self.text_encoder.dtype),
+                     "weights": weights_fingerprint(self.text_encoder, self.text_encoder_2)}
             folder = ctx.cache_dir / "text" / text_cache.text_cache_key(model, captions)
             encode = lambda batch: dict(zip(("hidden", "pooled"), self.encode_prompts(batch)))  # noqa: E731
             self.text_embeddings = text_cache.build_text_cache(
