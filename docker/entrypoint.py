@@ -264,8 +264,8 @@ def drop_privileges(uid: int, gid: int) -> None:
 # --------------------------------------------------------------------------------------------------------------
 #
 # Headless, launch.py is the process tini signals, and it turns SIGTERM into a graceful stop itself: exec is enough.
-# The web UI is different. It starts each run as torchrun in a session of its own, on purpose: on a workstation a
-# run outlives the UI, and a new UI re-attaches to it. In a container nothing outlives PID 1: when the UI exits, tini
+# The web UI is different. It starts each run (torchrun, or a one-process run's worker) in a session of its own, on
+# purpose: on a workstation a run outlives the UI, and a new UI re-attaches to it. In a container nothing outlives PID 1: when the UI exits, tini
 # exits and the kernel kills every process left, runs included, without a checkpoint. So in UI mode this script
 # stays as the UI's parent (a child subreaper, so that runs the UI leaves behind stay its descendants) and, when
 # the UI ends for any reason (docker stop, Ctrl-C, a crash), asks each run it started for a graceful stop (the STOP
@@ -273,6 +273,7 @@ def drop_privileges(uid: int, gid: int) -> None:
 
 PR_SET_CHILD_SUBREAPER = 36
 TORCHRUN_MODULE = "torch.distributed.run"
+WORKER_MODULE = "trainer.engine.worker"  # a one-process run is its worker, started without torchrun
 
 
 def become_subreaper() -> bool:
@@ -299,19 +300,29 @@ def _children_map() -> dict[int, list[int]]:
     return children
 
 
+def _run_dir_after(argv: list[str], flag: str) -> Path | None:
+    i = argv.index(flag) if flag in argv else -1
+    return Path(argv[i + 2]) if 0 <= i and i + 2 < len(argv) and argv[i + 2] else None
+
+
 def descendant_runs(root_pid: int) -> dict[int, Path | None]:
-    """torchrun processes below root_pid: {pid: its run folder (the argument after `--module MODULE`)}."""
+    """Runs below root_pid: {pid: its run folder}. A run is a torchrun (its folder is the argument after
+    `--module MODULE`) or, for a one-process run, the worker started without torchrun (`-m trainer.engine.worker
+    RUN_DIR`); the workers below a torchrun are its own, not runs of their own."""
     children, found, todo = _children_map(), {}, [root_pid]
     while todo:
         for pid in children.get(todo.pop(), []):
-            todo.append(pid)
             try:
                 argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
             except OSError:
+                todo.append(pid)
                 continue
             if TORCHRUN_MODULE in argv or (argv and Path(argv[0]).name == "torchrun"):
-                i = argv.index("--module") if "--module" in argv else -1
-                found[pid] = Path(argv[i + 2]) if 0 <= i and i + 2 < len(argv) and argv[i + 2] else None
+                found[pid] = _run_dir_after(argv, "--module")
+            elif any(a == "-m" and b == WORKER_MODULE for a, b in zip(argv, argv[1:])):
+                found[pid] = _run_dir_after(argv, "-m")
+            else:
+                todo.append(pid)
     return found
 
 
@@ -374,7 +385,7 @@ def supervise(argv: list[str], env: dict[str, str], poll_s: float = 0.2) -> int:
             print("imagetune: killing the runs (no checkpoint)", file=sys.stderr, flush=True)
             for pid in runs:
                 try:
-                    os.killpg(pid, signal.SIGTERM)  # torchrun leads its own session: it and its workers
+                    os.killpg(pid, signal.SIGTERM)  # a run leads its own session: torchrun and its workers
                 except OSError:
                     pass
             if ui_status is None:

@@ -222,7 +222,9 @@ def scenario(page, app, stage):
     page.click("#samples-all-accordion .label-wrap")  # every earlier step, to compare
     wait_for(page, "document.querySelectorAll('#samples-all img').length >= 4", timeout=120)
     page.click("#log-accordion .label-wrap")
-    wait_for(page, "(document.querySelector('#run-log textarea')?.value || '').includes('rank0')", timeout=30)
+    # this launch's part of train.log: its command line (a one-process run is its worker, without torchrun's
+    # [rank0] prefixes)
+    wait_for(page, "(document.querySelector('#run-log textarea')?.value || '').includes('--resume')", timeout=30)
     shot(page, "07-resumed-and-followed-after-reload", full_page=True)
     stage("progress after reload")
 

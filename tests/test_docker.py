@@ -380,14 +380,17 @@ def test_unwritable_workspace_is_a_clear_refusal(sandbox):
     assert "Cannot create" in err and "Traceback" not in err
 
 
-# A fake web UI: starts a fake run the way the launcher does (torchrun in a session of its own, the run folder after
-# `--module MODULE`) that ends, like a worker, a moment after a STOP file appears; then it serves until SIGTERM
-# (or, with FAKE_UI_EXIT set, exits with that status by itself).
+# A fake web UI: starts two fake runs the way the launcher does, each in a session of its own: torchrun (the run
+# folder after `--module MODULE`) and a one-process run's worker without torchrun (after `-m trainer.engine.worker`).
+# Each ends, like a worker, a moment after a STOP file appears; then the UI serves until SIGTERM (or, with
+# FAKE_UI_EXIT set, exits with that status by itself).
 FAKE_UI = """#!/bin/sh
 run="$IMAGETUNE_WORKSPACE/runs/fake-run"
-mkdir -p "$run"
-setsid sh -c 'while [ ! -e "$3/STOP" ]; do sleep 0.05; done; sleep 0.5; echo stopped > "$3/final"' \\
-    torch.distributed.run --module trainer.engine.worker "$run" &
+single="$IMAGETUNE_WORKSPACE/runs/fake-single"
+mkdir -p "$run" "$single"
+worker='while [ ! -e "$3/STOP" ]; do sleep 0.05; done; sleep 0.5; echo stopped > "$3/final"'
+setsid sh -c "$worker" torch.distributed.run --module trainer.engine.worker "$run" &
+setsid sh -c "$worker" -u -m trainer.engine.worker "$single" &
 echo ready > "$run/ui-ready"
 if [ -n "$FAKE_UI_EXIT" ]; then exit "$FAKE_UI_EXIT"; fi
 trap 'exit 143' TERM
@@ -420,13 +423,15 @@ def test_docker_stop_in_ui_mode_lets_runs_save_a_checkpoint(sandbox):
         time.sleep(0.3)
         proc.send_signal(signal.SIGTERM)  # what tini passes on from `docker stop`
         _, err = proc.communicate(timeout=30)
-        assert (run / "STOP").exists(), err
-        assert (run / "final").exists(), "the entrypoint exited before the run had stopped: PID 1 would kill it"
+        for folder in (run, run.with_name("fake-single")):
+            assert (folder / "STOP").exists(), err
+            assert (folder / "final").exists(), "the entrypoint exited before the run had stopped: PID 1 would kill it"
         assert proc.returncode == 143
-        assert "stopping 1 run(s)" in err and "fake-run" in err
+        assert "stopping 2 run(s)" in err and "fake-run" in err and "fake-single" in err
     finally:
         proc.kill()
-        (run / "STOP").touch()
+        for folder in (run, run.with_name("fake-single")):
+            (folder / "STOP").touch()
 
 
 @pytest.mark.skipif(shutil.which("setsid") is None, reason="needs setsid (util-linux)")
@@ -436,10 +441,12 @@ def test_ui_exiting_by_itself_also_stops_its_runs_gracefully(sandbox):
     try:
         _, err = proc.communicate(timeout=30)
         assert proc.returncode == 3, err
-        assert (run / "STOP").exists() and (run / "final").exists()
+        for folder in (run, run.with_name("fake-single")):
+            assert (folder / "STOP").exists() and (folder / "final").exists()
     finally:
         proc.kill()
-        (run / "STOP").touch()
+        for folder in (run, run.with_name("fake-single")):
+            (folder / "STOP").touch()
 
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="dropping privileges needs root")

@@ -168,6 +168,14 @@ def test_command_single_and_multi_node(paths):
     flags = dict(zip(cmd, cmd[1:]))
     assert flags["--rdzv-backend"] == "static" and flags["--node-rank"] == "1" and flags["--nnodes"] == "2"
     assert (flags["--master-addr"], flags["--master-port"]) == ("10.0.0.1", "1234")
+    # One process on one node: the worker itself, without torchrun's agent (two nodes of one process keep it)
+    one = Plan("cpu", (), 1, 1, 1, 4, 4, "fp32", "sdpa", 10)
+    cmd = build_command(paths / "r", one, make_config(paths, devices="cpu:1"), resume=paths / "r/checkpoints/step-000010")
+    assert cmd == [sys.executable, "-u", "-m", "trainer.engine.worker", str(paths / "r"),
+                   "--resume", str(paths / "r/checkpoints/step-000010")]
+    two_nodes = make_config(paths, distributed={"nodes": 2, "node_rank": 0, "master_addr": "10.0.0.1", "master_port": 1234})
+    cmd = build_command(paths / "r", Plan("cpu", (), 2, 1, 1, 2, 4, "fp32", "sdpa", 10), two_nodes)
+    assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
 
 
 def test_environment():
@@ -180,6 +188,15 @@ def test_environment():
     assert build_env(gpu, {})["CUDA_VISIBLE_DEVICES"] == "1,2"
     # ids count the GPUs this process sees: translate through an existing CUDA_VISIBLE_DEVICES
     assert build_env(gpu, {"CUDA_VISIBLE_DEVICES": "4,5,6"})["CUDA_VISIBLE_DEVICES"] == "5,6"
+    assert "RANK" not in env and "MASTER_PORT" not in env  # torchrun's agent sets them for its workers
+    # One process without torchrun: the worker gets the environment torchrun's agent would give it, and hosts
+    # the store itself on a port the system picks
+    one = build_env(Plan("cuda", (1,), 1, 1, 1, 4, 4, "bf16", "sdpa", 10), {"TORCHELASTIC_ERROR_FILE": "/x"}, "r1")
+    assert {k: one[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                                "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE")} == {
+        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0",
+        "MASTER_PORT": "0", "TORCHELASTIC_RUN_ID": "r1", "TORCHELASTIC_USE_AGENT_STORE": "False"}
+    assert one["CUDA_VISIBLE_DEVICES"] == "1" and "TORCHELASTIC_ERROR_FILE" not in one
 
 
 def test_parse_torchrun_root_cause():
@@ -362,6 +379,53 @@ def test_kill_ends_the_whole_group_with_one_failed_event(paths, procs, monkeypat
     workers = [json.loads(p.read_text())["pid"] for p in (run_dir / "fake_ranks").glob("*.json")]
     assert len(workers) == 2 and not any(running(pid) for pid in workers)
     assert types(run_dir) == ["plan", "failed"]  # and with every worker gone, nothing can write `stopped` later
+
+
+@pytest.mark.slow
+def test_a_one_process_run_is_its_worker_without_torchrun(paths, procs, monkeypatch):
+    """One process: the launcher starts the worker itself (no torchrun agent in the tree), records the worker's
+    pid as the run's process, and still ends a crash with a `failed` event naming the rank, its exit and its
+    traceback; the run resumes from its checkpoint (the lock was released), and Kill through launcher.pid (the
+    UI's way) ends it."""
+    from trainer.core.launcher import kill_run
+    from trainer.core.proctree import descendants
+    from trainer.core.resume import resume_run
+
+    monkeypatch.setenv("FAKE_WORKER_CRASH", "0:3:exit")  # rank 0 raises at step 3 (after step 2's checkpoint)
+    config = make_config(paths, devices="cpu:1", train={"steps": 100000}, checkpoint={"every": 2})
+    run_dir, plan = prepare_run(config, paths / "runs", CPU2)
+    proc = start_run(run_dir, plan, config, worker_module=FAKE)
+    procs.append(proc)
+    # While it runs: launcher.pid is the process the launcher started, and it is the worker (no agent above it)
+    wait_for_event(run_dir, "checkpoint")
+    worker = json.loads((run_dir / "fake_ranks" / "0.json").read_text())
+    assert worker["pid"] == proc.pid == int((run_dir / "launcher.pid").read_text().split()[0])
+    assert (worker["rank"], worker["world_size"], worker["local_rank"], worker["node_rank"]) == (0, 1, 0, 0)
+    final = proc.wait(timeout=60)
+    log = (run_dir / "train.log").read_text()
+    assert "torch.distributed.run" not in log and f"-m {FAKE} {run_dir}" in log
+    assert not (run_dir / "logs").exists() and not (run_dir / "run.lock").exists()
+    assert final["type"] == "failed" and (final["rank"], final["exitcode"], final["log"]) == (0, 1, "train.log")
+    assert final["reason"].startswith("Rank 0 (local rank 0 on node 0) exited with code 1.")
+    assert "crashing on purpose at step 3" in final["reason"]  # the rank's last lines, its traceback's end
+    assert "RuntimeError: fake failure on rank 0 at step 3" in final["reason"]
+    assert "$ " not in final["reason"]  # not the launcher's command line
+
+    monkeypatch.setenv("FAKE_WORKER_STEP_S", "5")  # a stop cannot finish within the kill's grace period
+    monkeypatch.delenv("FAKE_WORKER_CRASH")
+    resumed = resume_run(run_dir, hw=CPU2, worker_module=FAKE)
+    procs.append(resumed)
+    assert f"--resume {run_dir / 'checkpoints' / 'step-000002'}" in (run_dir / "train.log").read_text()
+    deadline = time.monotonic() + 60
+    while json.loads((run_dir / "fake_ranks" / "0.json").read_text())["pid"] != resumed.pid:
+        assert time.monotonic() < deadline, "the resumed worker did not start"
+        time.sleep(0.05)
+    assert resumed.poll() is None and not descendants(resumed.pid)  # the worker, not an agent with a child
+    assert kill_run(run_dir, grace_s=1)  # through launcher.pid, like a UI that did not start the run
+    final = resumed.wait(timeout=30)
+    assert not running(resumed.pid)
+    assert final["type"] == "failed" and final["rank"] == 0 and final["exitcode"] == -signal.SIGKILL
+    assert [e["type"] for e in read_events(run_dir)].count("failed") == 2  # one per launch
 
 
 def running(pid: int) -> bool:

@@ -1,5 +1,7 @@
 """What torchrun says when a rank dies, turned into the `failed` event a person can act on: which rank died
-first and how (from torchrun's summary in this launch's part of train.log) and that rank's last log lines."""
+first and how (from torchrun's summary in this launch's part of train.log) and that rank's last log lines. A
+one-process run has no torchrun (trainer.core.launcher.single_process): its one rank is the process the launcher
+waited for, so its exit status is the root cause, and its last lines are this launch's end of train.log."""
 
 from __future__ import annotations
 
@@ -58,21 +60,33 @@ def _exit_advice(exitcode: int) -> str:
     return "Its last log lines below show the error; fix what they name, then resume with --resume or start again."
 
 
-def describe_failure(run_dir: str | Path, returncode: int, log_offset: int = 0, node_rank: int = 0) -> dict:
+def describe_failure(run_dir: str | Path, returncode: int, log_offset: int = 0, node_rank: int = 0,
+                     single_process: bool = False) -> dict:
     """The fields of the `failed` event for a torchrun that exited without a final event: which rank died
-    and how (from torchrun's summary in this launch's part of train.log), and that rank's last log lines."""
+    and how (from torchrun's summary in this launch's part of train.log), and that rank's last log lines.
+    `single_process`: the process that exited was the run's one worker (rank 0), started without torchrun."""
     run_dir = Path(run_dir)
-    cause = parse_root_cause(_read_from(run_dir / LOG_FILE, log_offset))
+    where, lines = LOG_FILE, []
+    if single_process:
+        # The worker wrote straight into train.log: this launch's part ends with its last lines.
+        cause = RankFailure(rank=0, local_rank=0, exitcode=returncode) if returncode != 0 else None
+        lines = [line.rstrip() for line in _read_from(run_dir / LOG_FILE, log_offset, 64_000).splitlines()
+                 if line.strip()]
+        if lines and lines[0].startswith("$ "):
+            lines = lines[1:]  # the launcher's command line
+        lines = lines[-20:]
+    else:
+        cause = parse_root_cause(_read_from(run_dir / LOG_FILE, log_offset))
+        if cause is not None:
+            for path in rank_log_files(run_dir, cause.local_rank):  # stderr first: that is where tracebacks go
+                where, lines = str(path.relative_to(run_dir)), tail_lines(path)
+                if lines:
+                    break
+            if not lines:  # no per-rank file (torchrun failed early): the rank's lines tee'd into train.log
+                where = LOG_FILE
+                prefix = f"[rank{cause.rank}]"
+                lines = [line for line in tail_lines(run_dir / LOG_FILE, 400) if line.startswith(prefix)][-20:]
     if cause is not None:
-        where, lines = LOG_FILE, []
-        for path in rank_log_files(run_dir, cause.local_rank):  # stderr first: that is where tracebacks go
-            where, lines = str(path.relative_to(run_dir)), tail_lines(path)
-            if lines:
-                break
-        if not lines:  # no per-rank file (torchrun failed early): the rank's lines tee'd into train.log
-            where = LOG_FILE
-            prefix = f"[rank{cause.rank}]"
-            lines = [line for line in tail_lines(run_dir / LOG_FILE, 400) if line.startswith(prefix)][-20:]
         reason = (
             f"Rank {cause.rank} (local rank {cause.local_rank} on node {node_rank}) {_describe_exit(cause.exitcode)}."
             f" {_exit_advice(cause.exitcode)} Last lines of {where}:\n" + "\n".join(lines or ["(it printed nothing)"])

@@ -1,7 +1,10 @@
 """Start, watch, stop and resume runs: the one path both front-ends (launch.py and the web UI) take.
 
 A run is torchrun in its own session (so a Ctrl-C in the terminal or a GUI restart does not reach the workers;
-they are stopped through the STOP file, or killed with their whole process tree by trainer.core.proctree). The workers write the run's events;
+they are stopped through the STOP file, or killed with their whole process tree by trainer.core.proctree). A
+one-process, one-node run skips torchrun's agent: its one worker is started directly, in its own session, with the
+environment torchrun would give it (`single_process`), which saves the agent's start-up and memory; the worker's
+pid is then the run's process (launcher.pid, run.lock, what Stop and Kill signal). The workers write the run's events;
 the launcher writes the first one (`plan`, or `resumed`) and, when the workers die without a final event,
 the `failed` event that names the rank and shows its last log lines.
 
@@ -121,7 +124,13 @@ def prepare_run(config: Config, runs_dir: str | Path, hw: Hardware | None = None
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The torchrun command
+# The command: torchrun, or the one worker itself
+
+
+def single_process(plan: Plan) -> bool:
+    """Whether the run is one process on one node: its worker is started without torchrun's agent (which costs
+    seconds of start-up and hundreds of MB; with one process it has nobody to rendezvous with or watch over)."""
+    return plan.nodes == 1 and plan.world_size == 1
 
 
 def build_command(
@@ -131,8 +140,13 @@ def build_command(
     resume: str | Path | None = None,
     worker_module: str = WORKER_MODULE,
 ) -> list[str]:
-    """torchrun's command line: one process per device (plan.processes_per_node) on this node."""
+    """torchrun's command line: one process per device (plan.processes_per_node) on this node; for a one-process
+    run (`single_process`), the worker's own command line, the one torchrun would run (build_env gives it
+    torchrun's environment)."""
     run_dir = Path(run_dir)
+    tail = [str(run_dir), *(["--resume", str(resume)] if resume is not None else [])]
+    if single_process(plan):
+        return [sys.executable, "-u", "-m", worker_module, *tail]
     cmd = [sys.executable, "-m", "torch.distributed.run"]
     if plan.nodes > 1:
         d = config.distributed
@@ -155,15 +169,31 @@ def build_command(
         # lines on torchrun's console (-> train.log) prefixed with the global rank.
         "--log-dir", str(RunFolder(run_dir).logs), "--redirects", "3", "--tee", "3",
         *(["--log-line-prefix-template", "[rank${rank}]: "] if _torchrun_has("--log-line-prefix-template") else []),
-        "--module", worker_module, str(run_dir),
+        "--module", worker_module, *tail,
     ]
-    if resume is not None:
-        cmd += ["--resume", str(resume)]
     return cmd
 
 
-def build_env(plan: Plan, base: dict | None = None) -> dict[str, str]:
+# What torchrun's agent sets for each worker (torch.distributed.elastic.agent.server.local_elastic_agent), for a
+# run of one process on one node. The agent's own store is replaced by one the worker hosts: torch's env://
+# rendezvous makes rank 0 start a TCPStore on MASTER_PORT, and port 0 lets the system pick a free port (no other
+# process needs to find it), so runs sharing a machine cannot clash.
+SINGLE_PROCESS_ENV = {
+    "RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0", "ROLE_RANK": "0", "ROLE_NAME": "default",
+    "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": "1",
+    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0",
+    "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+    "TORCHELASTIC_USE_AGENT_STORE": "False",  # there is no agent: the worker hosts the store
+}
+
+
+def build_env(plan: Plan, base: dict | None = None, run_id: str = "imagetune") -> dict[str, str]:
     env = dict(os.environ if base is None else base)
+    if single_process(plan):
+        env.update(SINGLE_PROCESS_ENV)
+        env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+        env["TORCHELASTIC_RUN_ID"] = run_id
+        env.pop("TORCHELASTIC_ERROR_FILE", None)  # another launch's (a launcher started under torchrun)
     env["PYTHONUNBUFFERED"] = "1"  # log lines reach train.log (and the UI) as they are printed
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     if plan.device == "cuda":
@@ -187,7 +217,8 @@ def build_env(plan: Plan, base: dict | None = None) -> dict[str, str]:
 
 @dataclass
 class RunProcess:
-    """torchrun started by `start_run`; `wait()` guarantees the run ends with exactly one final event."""
+    """torchrun (or the one worker of a one-process run) started by `start_run`; `wait()` guarantees the run ends
+    with exactly one final event."""
 
     run_dir: Path
     plan: Plan
@@ -212,12 +243,14 @@ class RunProcess:
         RunFolder(self.run_dir).request_stop()
 
     def kill(self, grace_s: float = 10.0) -> None:
-        """SIGTERM torchrun (it passes it on to the workers), SIGKILL the whole tree if alive after grace_s."""
+        """SIGTERM torchrun (it passes it on to the workers) or the one worker, SIGKILL the whole tree if alive
+        after grace_s."""
         self.killed = True
         kill_tree(self.process.pid, grace_s, self.process)
 
     def wait(self, timeout: float | None = None) -> dict:
-        """Wait for torchrun to exit, then return the run's final event, writing `failed` if there is none."""
+        """Wait for torchrun (or the one worker) to exit, then return the run's final event, writing `failed` if
+        there is none."""
         self.process.wait(timeout)
         with self._lock:
             if self._final is None:
@@ -243,7 +276,8 @@ class RunProcess:
             return log.emit("failed", exitcode=returncode, reason=(
                 "The run was killed on request before it could stop gracefully; continue it from its last "
                 f"checkpoint with: python launch.py --resume {self.run_dir}"))
-        return log.emit("failed", **describe_failure(self.run_dir, returncode, self.log_offset, self.node_rank))
+        return log.emit("failed", **describe_failure(self.run_dir, returncode, self.log_offset, self.node_rank,
+                                                     single_process=single_process(self.plan)))
 
 
 def start_run(
@@ -253,7 +287,8 @@ def start_run(
     resume: str | Path | None = None,
     worker_module: str = WORKER_MODULE,
 ) -> RunProcess:
-    """Start torchrun for a prepared run folder in its own process group; output is appended to train.log."""
+    """Start torchrun (or, for one process, the worker itself) for a prepared run folder in its own process group;
+    output is appended to train.log."""
     run_dir = Path(run_dir).resolve()
     log_path = RunFolder(run_dir).log
     offset = log_path.stat().st_size if log_path.exists() else 0
@@ -263,7 +298,8 @@ def start_run(
         log.flush()
         try:
             process = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=build_env(plan),
+                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=build_env(plan, run_id=run_dir.name),
                 start_new_session=True,  # own process group: killpg reaches every worker, terminal Ctrl-C does not
             )
         except OSError:
@@ -271,7 +307,7 @@ def start_run(
             raise
     folder = RunFolder(run_dir)
     folder.record_launcher(process.pid)  # with its start time (trainer.core.runlock)
-    write_identity(folder.lock, process.pid)  # the lock lives as long as torchrun, even if we do not
+    write_identity(folder.lock, process.pid)  # the lock lives as long as torchrun (or the one worker), even if we do not
     return RunProcess(run_dir, plan, process, node_rank=config.distributed.node_rank, log_offset=offset)
 
 

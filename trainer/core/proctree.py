@@ -1,4 +1,4 @@
-"""Killing a run for good: torchrun and every worker it started.
+"""Killing a run for good: torchrun and every worker it started (or a one-process run's worker and its children).
 
 `killpg` on torchrun's process group is not enough: torchrun starts each worker in a session of its own, so a
 SIGKILLed torchrun leaves its workers running (and writing events after the run was declared failed). We

@@ -4,7 +4,8 @@ it, and whether the run is alive. Torch-free (the web UI reads run folders throu
     runs/<name>/
       config.yaml      the fully resolved config          plan.json     the plan (the workers read it)
       events.jsonl     append-only events (rank 0)        train.log     everything the processes printed
-      launcher.pid     torchrun's pid and start time      logs/         torchrun's per-rank logs
+      launcher.pid     the run's process and its start time: torchrun (a one-process run: its worker)
+      logs/            torchrun's per-rank logs (a one-process run, started without torchrun, has none)
       run.lock         the launch that owns the folder (trainer.core.runlock)
       samples/         step-NNNNNN-pKK.png                checkpoints/  step-NNNNNN/ (COMPLETE when whole), best/
       output/          the final artifacts                STOP          a front-end's request for a graceful stop
@@ -77,16 +78,16 @@ class RunFolder:
     lock = property(lambda self: self.path / LOCK_FILE)
 
     def record_launcher(self, pid: int) -> None:
-        """launcher.pid: torchrun's pid and its start time, so that a pid reused after a reboot or a container
-        restart is never taken for the run (nor signalled)."""
+        """launcher.pid: torchrun's pid (a one-process run's: its worker's) and its start time, so that a pid
+        reused after a reboot or a container restart is never taken for the run (nor signalled)."""
         write_identity(self.pid_file, pid)
 
     def launcher_pid(self) -> int | None:
-        """torchrun's pid if that very process still runs (the start time matches), else None."""
+        """torchrun's (or the one worker's) pid if that very process still runs (the start time matches), else None."""
         return recorded_pid(self.pid_file)
 
     def is_alive(self) -> bool:
-        """Whether the launcher that started this run (torchrun, and so its workers) still runs."""
+        """Whether the process that runs this run (torchrun and so its workers, or the one worker) still runs."""
         return self.launcher_pid() is not None
 
 

@@ -2,6 +2,8 @@
 
     python -m torch.distributed.run ... -m trainer.engine.worker RUN_DIR [--resume CHECKPOINT_DIR]
 
+(a one-process run starts `python -u -m trainer.engine.worker RUN_DIR ...` itself, with torchrun's environment).
+
 setup (accelerator, family, data, optimizer, resume) -> loop.fit -> the final event. Global rank 0 writes
 events; a user's mistake found here still ends as one `failed` event with a sentence to act on.
 """
@@ -183,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"probably crashed or hung there. See train.log for its last lines."))
         else:
             # A crash (here, or a peer's death seen as a broken connection): the launcher names the rank
-            # that failed first, from torchrun's report, in the final `failed` event.
+            # that failed first, from torchrun's report (or this process's exit status), in the final `failed` event.
             events.emit("warning", message=f"rank 0 stopped at {phase}: {type(exc).__name__}: {exc}")
         return 1
 
@@ -193,5 +195,17 @@ def _is_timeout(exc: BaseException) -> bool:
     return "timed out" in text or "timeout" in text
 
 
+def exit_now(code: int) -> None:
+    """End the process once main() has returned: everything the run leaves (events, checkpoints, outputs) is
+    written and closed by then, and every rank has passed its last collective. The interpreter's own teardown of
+    torch, diffusers and transformers (freeing thousands of modules) would keep the process, and so the run, alive
+    for another 1-2 s on a 2-core CPU, with nothing left to do."""
+    import os
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

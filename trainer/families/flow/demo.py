@@ -21,7 +21,7 @@ def _write_t5_tokenizer(folder: Path, *, max_length: int = 512) -> int:
     """A T5-style tokenizer (pad 0, eos 1, unk 2, metaspace words + single letters); returns its vocab size."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     # transformers 5 keeps T5TokenizerFast as a run-time alias of T5Tokenizer only (4.x has the class itself).
-    from transformers import T5TokenizerFast  # type: ignore[attr-defined]
+    from transformers import T5TokenizerFast
 
     letters = sorted(set("".join(TOKENIZER_CORPUS)) | set("abcdefghijklmnopqrstuvwxyz0123456789.,!?'-"))
     words = sorted(set(TOKENIZER_CORPUS))
@@ -67,7 +67,7 @@ def _t5(vocab_size: int, d_model: int):
                                    num_heads=2, relative_attention_num_buckets=8, dropout_rate=0.0,
                                    feed_forward_proj="gated-gelu", pad_token_id=0, eos_token_id=1,
                                    # a PretrainedConfig keyword that T5Config's typed signature leaves out
-                                   decoder_start_token_id=0))  # type: ignore[call-arg]
+                                   decoder_start_token_id=0))
 
 
 def _vae(*, scaling_factor: float, shift_factor: float, flux: bool):
@@ -85,7 +85,7 @@ def make_tiny_flux(folder, *, guidance_embeds: bool = True, seed: int = 0) -> Pa
     False is schnell-like (no guidance embedding, shift 1)."""
     import torch
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
-    from transformers import CLIPTextModel, T5TokenizerFast  # type: ignore[attr-defined]  # see _write_t5_tokenizer
+    from transformers import CLIPTextModel, T5TokenizerFast  # see _write_t5_tokenizer
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -123,7 +123,7 @@ def make_tiny_sd3(folder, *, seed: int = 0) -> Path:
     least as wide as both CLIPs' hidden states together (the pipeline pads those to T5's width)."""
     import torch
     from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
-    from transformers import CLIPTextModelWithProjection, T5TokenizerFast  # type: ignore[attr-defined]  # as above
+    from transformers import CLIPTextModelWithProjection, T5TokenizerFast  # as above
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
