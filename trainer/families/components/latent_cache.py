@@ -29,8 +29,8 @@ def weights_fingerprint(*modules: torch.nn.Module) -> str:
     because a model folder's config and path stay the same when its weights change (a re-download, a retrained
     model written over the old one), and latents or text embeddings of the old weights would be reused silently.
     (Found when the demo's base was retrained in place: the runs folder's latents of the old VAE came back.)"""
-    stats = [torch.stack([t.double().sum(), t.double().abs().sum()]).cpu()
-             for module in modules for t in module.state_dict().values() if t.is_floating_point()]
+    tensors = [t for module in modules if isinstance(module, torch.nn.Module) for t in module.state_dict().values()]
+    stats = [torch.stack([t.double().sum(), t.double().abs().sum()]).cpu() for t in tensors if t.is_floating_point()]
     return hashlib.sha256(torch.cat(stats).numpy().tobytes()).hexdigest()[:16] if stats else ""
 
 
