@@ -71,6 +71,7 @@ def test_the_concept_dataset_is_yellow_stars_captioned_with_the_identifier(tmp_p
         f"a photo of a sks star on a {bg} background" for bg in ("white", "gray", "black")}
 
 
+@pytest.mark.slow
 def test_pretraining_is_reproducible_from_its_seed(tmp_path):
     kwargs = dict(seed=3, vae_steps=2, denoiser_steps=2, images=48, measure_seeds=1, measure_steps=2, log=lambda m: None)
     report = tiny_base.pretrain(tmp_path / "a", **kwargs)

@@ -11,8 +11,8 @@ Two stages, as Stable Diffusion itself was made:
   1. the VAE learns to encode and decode the whole shapes world (components/shapes.py), stars and yellow
      included: it is a general image codec, as SD's VAE is for photos;
   2. the UNet and the text encoder learn to draw from captions, on every shape and colour *except* the demo's
-     concept (a yellow star): that is what the demo's LoRA teaches (`presets/demo.yaml`), so the base must not
-     know it. 10% of captions are dropped to "" so classifier-free guidance works, and the weights that ship are
+     concept (a yellow star): that is what the demo's LoRA is to teach (`presets/demo.yaml`), so the base must
+     not know it. 10% of captions are dropped to "" so classifier-free guidance works, and the weights that ship are
      an exponential moving average of the UNet's and the text encoder's (sharper samples for short training).
 How well the result follows prompts is measured with the shape scorer and written to `pretraining.json`.
 """
@@ -40,8 +40,8 @@ REPORT = "pretraining.json"
 GUIDANCE = 4.0  # classifier-free guidance scale the measurement samples with: the demo presets' sample.guidance_scale
 VAE_CHANNELS = (8, 16, 32)  # the 64 px level dominates the cost: 8 channels are enough for flat shapes
 # GroupNorm over 2 groups, not SD's 4 channels a group: a group of one or two channels normalises away its mean,
-# the flat colour of a shape, and the VAE then returned the right shapes in the wrong colours (measured: 8 groups
-# read 8% of held-out round trips correctly, 2 groups 52% at the same 800 steps).
+# the flat colour of a shape, and the VAE then returned the right shapes in the wrong colours (measured: held-out
+# round trips read correctly: 8 groups, 600 steps: 8%; 2 groups, 800 steps: 52%; 2 groups, 3000 steps: 96%).
 
 
 def build_models(seed: int):
