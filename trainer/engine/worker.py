@@ -208,4 +208,10 @@ def exit_now(code: int) -> None:
 
 
 if __name__ == "__main__":
-    exit_now(main())
+    code = main()
+    if code:
+        # A failing rank keeps the interpreter's ordinary exit: torchrun's agent must see the rank that failed first
+        # (a SIGKILLed one) before this one's consequent exit, or the run's failure names the wrong root cause
+        # (measured: tests/test_engine.py's killed rank was reported as rank 0 under load with an immediate exit).
+        sys.exit(code)
+    exit_now(0)
