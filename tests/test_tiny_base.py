@@ -18,7 +18,7 @@ from trainer.families.components.shapes import BASE_COLOURS, BASE_SHAPES
 from trainer.families.sd import demo, tiny_base
 
 PRESET = demo.SHIPPED_MODEL.parents[2] / "presets"
-CONCEPT = "a photo of a sks star on a white background"
+CONCEPT = "a photo of a sks circle on a white background"
 
 
 @pytest.fixture(scope="module")
@@ -37,17 +37,17 @@ def _draw(pipe, prompt, seeds):
 
 
 def test_the_base_draws_the_shape_and_colour_a_prompt_asks_for(base_pipeline):
-    # On a gray background, where it is best (pretraining.json: 0.88 there, 0.71 over all three backgrounds; it
-    # is weakest on black). A random model scores about 1/12 here.
+    # On a gray background (pretraining.json: 0.94 over all 36 prompts, 4 seeds each). A random model scores
+    # about 1/12 here.
     scores = {(colour, shape): fraction_showing(_draw(base_pipeline, f"a photo of a {colour} {shape} on a gray "
                                                       "background", [0, 1]), f"{colour} {shape}")
               for colour in BASE_COLOURS for shape in BASE_SHAPES}
-    assert sum(scores.values()) / len(scores) >= 0.75, scores
+    assert sum(scores.values()) / len(scores) >= 0.8, scores
 
 
 def test_the_base_does_not_know_the_concept(base_pipeline):
     images = _draw(base_pipeline, CONCEPT, list(range(8)))
-    assert fraction_showing(images, "yellow star") <= 0.2, [read_image(im) for im in images]
+    assert fraction_showing(images, "yellow") == 0  # no yellow at all: it never saw the colour, [read_image(im) for im in images]
 
 
 def test_the_shipped_files_are_checked_against_their_checksums(tmp_path):
@@ -60,15 +60,15 @@ def test_the_shipped_files_are_checked_against_their_checksums(tmp_path):
         demo.verify_checksums(copy)
 
 
-def test_the_concept_dataset_is_yellow_stars_captioned_with_the_identifier(tmp_path):
+def test_the_concept_dataset_is_yellow_circles_captioned_with_the_identifier(tmp_path):
     from PIL import Image
 
     folder = demo.make_concept_dataset(tmp_path / "c", count=6)
     images = sorted(folder.glob("*.png"))
     assert len(images) == 6
-    assert all(read_image(Image.open(p)).shows("yellow star") for p in images)
+    assert all(read_image(Image.open(p)).shows("yellow circle") for p in images)
     assert {p.with_suffix(".txt").read_text().strip() for p in images} == {
-        f"a photo of a sks star on a {bg} background" for bg in ("white", "gray", "black")}
+        f"a photo of a sks circle on a {bg} background" for bg in ("white", "gray", "black")}
 
 
 @pytest.mark.slow
@@ -85,16 +85,18 @@ def test_pretraining_is_reproducible_from_its_seed(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_demo_reports_its_scores_at_every_sample_step(tmp_path):
-    # The demo preset, shortened. (That its LoRA raises the concept score is issue 11's open part: at 300 steps
-    # it does not yet, see README "What the demo shows".)
-    config = load_config(PRESET / "demo.yaml", ["devices=cpu:1", "checkpoint.every=0", "train.steps=4",
-                                                 "sample.every=2", "sample.steps=2"])
+def test_the_demo_lora_teaches_the_concept_and_keeps_the_control(tmp_path):
+    # The demo preset (fixed seed), shortened to 100 steps with samples at the start and the end only: the
+    # concept prompt draws no yellow circle at step 0 and does at the end, while the control prompt draws its
+    # blue square at both (the preset itself: 0 -> 1.0 by step 100 of 300).
+    config = load_config(PRESET / "demo.yaml", ["devices=cpu:1", "checkpoint.every=0", "train.steps=100",
+                                                 "train.warmup_steps=10", "sample.every=100"])
     run_dir, final = launch(tmp_path, config)
     assert final["type"] == "done", log_of(run_dir)
-    scores = [e for e in read_events(run_dir) if e["type"] == "eval"]
-    assert [e["step"] for e in scores] == [0, 2, 4]  # (what the base's own samples score: the tests above)
-    assert all(0 <= e["concept"] <= 1 and 0 <= e["control"] <= 1 for e in scores)
+    scores = {e["step"]: e for e in read_events(run_dir) if e["type"] == "eval"}
+    assert sorted(scores) == [0, 100]
+    assert scores[0]["concept"] <= 0.2 and scores[0]["control"] >= 0.75, scores
+    assert scores[100]["concept"] >= 0.75 and scores[100]["control"] >= 0.75, scores
     samples = [e for e in read_events(run_dir) if e["type"] == "sample" and e["step"] == 0]
     assert [e["prompt"] for e in samples] == [config.sample.concept.prompt, config.sample.control.prompt]
     from PIL import Image

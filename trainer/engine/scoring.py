@@ -1,8 +1,8 @@
 """Sample steps that measure: the concept and control scores of the scored prompts (`sample.concept`,
 `sample.control`), and the strip one prompt's images are written as.
 
-The demo is judged by what its samples show, not by its loss: a LoRA that has learnt "sks star" draws a
-yellow star for it (the concept score rises from 0 towards 1) while the base's own prompts keep drawing what
+The demo is judged by what its samples show, not by its loss: a LoRA that has learnt "sks circle" draws a
+yellow circle for it (the concept score rises from 0 towards 1) while the base's own prompts keep drawing what
 they drew (the control score stays near 1). The judge is trainer.families.components.shape_score.
 """
 

@@ -207,7 +207,7 @@ class ScoredPrompt:
     prompt: str = key("", "A prompt drawn at every sample step (after `sample.prompts`) and scored.")
     shows: str = key(
         "", "What its samples must show, in the words of the shapes judge (trainer/families/components/"
-        "shape_score.py), which reads the offline demo's world only: a colour and/or a shape, e.g. `yellow star`.")
+        "shape_score.py), which reads the offline demo's world only: a colour and/or a shape, e.g. `yellow circle`.")
 
 
 @dataclass

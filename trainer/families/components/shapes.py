@@ -2,8 +2,8 @@
 
 One drawing function serves everything that needs these images: the tiny base model's pretraining set
 (`trainer.families.sd.tiny_base`), the demo datasets, and the held-out images the shape scorer is measured on.
-The pretraining set leaves out `CONCEPT_SHAPES` and `CONCEPT_COLOURS` on purpose: they are what the demo's
-LoRA teaches, so the base model must never have seen them.
+The pretraining set leaves out `UNSEEN_SHAPES` and `UNSEEN_COLOURS` on purpose: the demo's LoRA teaches one of
+them (yellow, on a circle), so the base model must never have seen it.
 
 Torch-free (PIL + numpy): the torch-free core and the UI may draw these too.
 """
@@ -26,10 +26,10 @@ COLOURS: dict[str, tuple[int, int, int]] = {
 BACKGROUNDS: dict[str, tuple[int, int, int]] = {"white": (245, 245, 245), "gray": (135, 135, 135), "black": (25, 25, 25)}
 SHAPES = ("circle", "square", "triangle", "star")
 
-CONCEPT_SHAPES = ("star",)
-CONCEPT_COLOURS = ("yellow",)
-BASE_SHAPES = tuple(s for s in SHAPES if s not in CONCEPT_SHAPES)
-BASE_COLOURS = tuple(c for c in COLOURS if c not in CONCEPT_COLOURS)
+UNSEEN_SHAPES = ("star",)
+UNSEEN_COLOURS = ("yellow",)
+BASE_SHAPES = tuple(s for s in SHAPES if s not in UNSEEN_SHAPES)
+BASE_COLOURS = tuple(c for c in COLOURS if c not in UNSEEN_COLOURS)
 
 _SUPERSAMPLE = 4  # draw large then downscale: PIL's polygon/ellipse drawing has no antialiasing
 
@@ -45,7 +45,7 @@ class Scene(NamedTuple):
     jitter: tuple[int, int, int]
 
     def caption(self, subject: str | None = None) -> str:
-        """"a photo of a red circle on a white background"; `subject` replaces "red circle" (e.g. "sks star")."""
+        """"a photo of a red circle on a white background"; `subject` replaces "red circle" (e.g. "sks circle")."""
         return f"a photo of a {subject or f'{self.colour} {self.shape}'} on a {self.background} background"
 
 

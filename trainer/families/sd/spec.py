@@ -21,6 +21,6 @@ SPEC = FamilySpec(
              "full: a diffusers folder and an original-layout single file"),
     demo_preset="demo.yaml",
     demo_assets={"tiny-sd": "trainer.families.sd.demo:shipped_tiny_sd",
-                 "sks-star": "trainer.families.sd.demo:ensure_concept_data",
+                 "sks-circle": "trainer.families.sd.demo:ensure_concept_data",
                  "demo-data": "trainer.families.components.tiny_assets:ensure_demo_data"},
 )
