@@ -51,6 +51,7 @@ LABELS = {
     "train.lr": "Learning rate", "train.scheduler": "LR schedule", "sample.every": "Sample every N steps",
     "sample.prompts": "Sample prompts (one per line)", "name": "Run name", "checkpoint.every": "Checkpoint every N steps",
     "data.val_split": "Validation split (held-out share)", "data.val_path": "Validation images folder",
+    "data.masks": "Loss masks (alpha or a folder)",
 }
 # Keys a newcomer rarely touches: the form tucks them into a closed "More ... settings" panel of their group.
 ADVANCED = {
@@ -60,6 +61,8 @@ ADVANCED = {
     "train.betas", "train.eps", "train.max_grad_norm", "train.noise_offset", "train.min_snr_gamma",
     "train.max_nonfinite_steps", "sample.seed", "sample.guidance_scale", "sample.size", "eval.every", "eval.best",
     "data.bucket_step", "data.bucket_max_aspect", "data.bucket_min_side", "data.bucket_max_side",
+    "data.caption_dropout", "data.shuffle_tags", "data.keep_tokens", "train.loss", "train.huber_delta",
+    "train.input_perturbation", "model.zero_terminal_snr",
 }
 DEVICE_CHOICES = ["auto", "cpu:1", "cpu:2"]
 TRISTATE = {"default": None, "yes": True, "no": False}  # an Optional[bool]: unset means "the engine decides"

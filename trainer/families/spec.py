@@ -22,7 +22,8 @@ COMMON_FROZEN_ON_RESUME = (
     "batch.total", "data.path", "train.optimizer",
 )
 # The diffusion families' keys that name local files or folders (model.path may also be a hub id or demo://).
-DIFFUSION_PATH_KEYS = ("model.path", "model.config", "data.path", "data.val_path", "prior.class_path")
+DIFFUSION_PATH_KEYS = ("model.path", "model.config", "data.path", "data.val_path", "prior.class_path", "data.masks")
+DIFFUSION_PATH_EXCEPTIONS = {"data.masks": ("alpha",)}  # the images' own alpha channel, not a folder
 
 
 def load_object(ref: str) -> Any:
@@ -78,7 +79,7 @@ class FamilySpec:
     where they are declared."""
     path_keys: tuple[str, ...] = DIFFUSION_PATH_KEYS
     """Config keys naming local files or folders: made absolute in the run's config, confined in an exposed UI."""
-    path_exceptions: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    path_exceptions: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(DIFFUSION_PATH_EXCEPTIONS))
     """Values of a path key that are not paths (detection.weights: `coco`, `none`)."""
     exports: tuple[str, ...] = ()
     """What output/ holds after a run, for the README and the UI."""
@@ -115,8 +116,12 @@ class FamilySpec:
 
 def check_captioned_images(config):
     """The diffusion families' data check: a folder of images with captions (trainer.core.data.scan), less the
-    images held out for the validation loss (trainer.core.data.holdout). Returns the training part of the scan
-    (the launcher lists its aspect-ratio buckets and the held-out count in the plan)."""
+    images held out for the validation loss (trainer.core.data.holdout), each with its loss mask when data.masks
+    names a folder (trainer.core.data.masks). Returns the training part of the scan (the launcher lists its
+    aspect-ratio buckets and the held-out count in the plan)."""
     from trainer.core.data.holdout import training_scan
+    from trainer.core.data.masks import check_masks
 
-    return training_scan(config, resolution=config.data.resolution)
+    scan = training_scan(config, resolution=config.data.resolution)
+    check_masks(config, scan)
+    return scan

@@ -56,6 +56,15 @@ class ModelConfig:
         "LoRA itself always trains in fp32.",
         choices=("default", "fp8", "nf4"),
     )
+    zero_terminal_snr: bool = key(
+        False,
+        "SD and SDXL: rescale the noise schedule so that its last timestep is pure noise (zero terminal SNR, Lin et "
+        "al. 2023; kohya's `zero_terminal_snr`, diffusers' `rescale_betas_zero_snr`): the model learns to start "
+        "from pure noise, which lets it draw very dark and very bright images. Training, samples and a full "
+        "fine-tune's saved scheduler all use the rescaled schedule with `trailing` timestep spacing. Needs "
+        "v-prediction (an epsilon model only copies pure noise): a v-prediction model, or model.prediction_type="
+        "v_prediction to train one into it. SD3 and FLUX refuse it: flow matching already ends at pure noise.",
+    )
 
 
 @dataclass
@@ -139,7 +148,44 @@ class DataConfig:
         None,
         "Encode each caption with the text encoders once (cached on disk), then move the frozen encoders off the "
         "GPU; ignored while a text encoder is trained. Unset: the family's default (on for SDXL, SD3 and FLUX, whose "
-        "samples then come from the cached prompt embeddings too). SD 1.x/2.x always encodes captions per step.",
+        "samples then come from the cached prompt embeddings too; off with data.shuffle_tags, whose captions are "
+        "new at almost every step). The cache holds the captions with data.caption_prefix and, with "
+        "data.caption_dropout, the empty caption. SD 1.x/2.x always encodes captions per step.",
+    )
+    caption_prefix: str = key(
+        "",
+        "Text put in front of every training and held-out image's caption, followed by a space (kohya's "
+        "`caption_prefix`), e.g. a trigger word `sks`, or `sks,` for comma-separated tags; never shuffled and never "
+        "counted in data.keep_tokens. Not added to prior.class_prompt or the sample prompts.",
+    )
+    caption_dropout: float = key(
+        0.0,
+        "Probability of training a sample with the empty caption instead of its own (prefix included), as kohya's "
+        "`caption_dropout_rate`: the model also learns the unconditional prediction that classifier-free guidance "
+        "uses (0.05-0.1 usual; 0: never). Drawn per sample from its place in the run, the same on any number of "
+        "processes and after a resume. Held-out and prior-preservation images keep their captions. The text cache "
+        "holds the empty caption as one more entry.",
+    )
+    shuffle_tags: bool = key(
+        False,
+        "Shuffle each training caption's comma-separated tags per sample (kohya's `shuffle_caption`), keeping the "
+        "first data.keep_tokens in place; tags are joined with `, `. Drawn per sample from its place in the run. "
+        "Almost every step then trains on captions never seen before, so SDXL, SD3 and FLUX encode them at every "
+        "step instead of caching them (data.cache_text_embeddings is off): the frozen text encoders stay on the "
+        "GPU (SDXL about 1.6 GB in bf16, FLUX and SD3 with T5-XXL about 10 GB) and run once per sample.",
+    )
+    keep_tokens: int = key(
+        0, "With data.shuffle_tags: how many leading comma-separated tags stay in place (kohya's `keep_tokens`), "
+        "e.g. 1 keeps a trigger tag first.")
+    masks: str = key(
+        "",
+        "Masked loss (kohya's `masked_loss`): weight each image's loss by a mask, shrunk to the latent's size and "
+        "given the image's crop and flip, so that what lies outside the mask contributes nothing. `alpha`: the "
+        "image's own alpha channel (opaque: trained; an image without one trains whole); a folder: a greyscale "
+        "mask of the image's size with its name (white: trained, black: ignored; `masks/sub/cat.png` for "
+        "`sub/cat.jpg`, or `masks/cat.png`), every image needing one; empty: no masks. Per sample the loss is the "
+        "mean of mask x error over the latent, so a half-masked image weighs half. Applies to held-out images too; "
+        "prior-preservation class images are never masked.",
     )
 
 
@@ -196,6 +242,21 @@ class TrainConfig:
     min_snr_gamma: Optional[float] = key(
         None, "Min-SNR loss weighting gamma (5 is usual) for the UNet families (SD, SDXL); unset disables it. "
         "SD3 and FLUX refuse it: their loss weighting is `flow.weighting`.")
+    loss: str = key(
+        "mse",
+        "The error between prediction and target, per latent element: `mse` (squared), `huber` (squared up to "
+        "train.huber_delta, linear beyond: 2 delta |e| - delta^2, so it equals mse on small errors and outliers "
+        "pull less; kohya's `loss_type=huber` with a constant `huber_c`) or `l1` (absolute). Every diffusion "
+        "family; weighted afterwards as before (Min-SNR, flow.weighting, data.masks).",
+        choices=("mse", "huber", "l1"),
+    )
+    huber_delta: float = key(
+        0.1, "train.loss=huber: where the loss turns from squared to linear (kohya's and diffusers' `huber_c`, 0.1).")
+    input_perturbation: float = key(
+        0.0, "Input perturbation (Ning et al. 2023; diffusers' `--input_perturbation`, 0.1 usual): the model's noisy "
+        "input is made with the noise plus this much extra noise while the target keeps the noise, which reduces "
+        "the exposure bias of sampling. Every diffusion family; the validation loss is measured without it; 0 "
+        "disables it.")
     gradient_checkpointing: bool = key(False, "Trade compute for memory: recompute activations in backward.")
     max_nonfinite_steps: int = key(
         5, "Skip steps with a NaN/inf loss; after this many in a row the run fails (keeping its last checkpoint)."

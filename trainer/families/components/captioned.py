@@ -89,20 +89,25 @@ def load_image_tensor(
             f"or run the dataset check again to find all unreadable files."
         ) from exc
 
+    rgb = place(rgb, resolution, crop=crop, flipped=flipped, rng=rng)
+    pixels = torch.from_numpy(np.array(rgb, dtype=np.uint8)).permute(2, 0, 1)
+    return pixels.to(torch.float32).div_(127.5).sub_(1.0)
+
+
+def place(img: Image.Image, resolution: int | tuple[int, int], *, crop: str, flipped: bool, rng: Rng,
+          resample: Image.Resampling = Image.Resampling.LANCZOS) -> Image.Image:
+    """Resize to cover the target, crop it (drawing left, then top, from `rng` for a random crop), mirror: the
+    geometry `load_image_tensor` gives an image, which a loss mask of the image gets too."""
     target = (resolution, resolution) if isinstance(resolution, int) else resolution
-    size, (room_x, room_y) = cover_and_crop(*rgb.size, target)
-    if size != rgb.size:
-        rgb = rgb.resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0)
+    size, (room_x, room_y) = cover_and_crop(*img.size, target)
+    if size != img.size:
+        img = img.resize(size, resample, reducing_gap=3.0 if resample == Image.Resampling.LANCZOS else None)
     if crop == "random":
         left, top = _integer(rng, room_x), _integer(rng, room_y)
     else:
         left, top = room_x // 2, room_y // 2
-    rgb = rgb.crop((left, top, left + target[0], top + target[1]))
-    if flipped:
-        rgb = rgb.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-
-    pixels = torch.from_numpy(np.array(rgb, dtype=np.uint8)).permute(2, 0, 1)
-    return pixels.to(torch.float32).div_(127.5).sub_(1.0)
+    img = img.crop((left, top, left + target[0], top + target[1]))
+    return img.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if flipped else img
 
 
 def flip_drawn(rng: Rng) -> bool:

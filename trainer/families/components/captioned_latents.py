@@ -19,10 +19,13 @@ import torch
 from PIL import Image
 
 from trainer.core.data.buckets import BucketSpec, assign_buckets
+from trainer.core.data.captions import CaptionAugment
 from trainer.core.data.holdout import training_scan
+from trainer.core.data.masks import check_masks
 from trainer.core.data.scan import ImageItem
 from trainer.families.components.captioned import load_image_tensor, sample_rng
 from trainer.families.components.latent_cache import build_latent_cache, cache_key, weights_fingerprint
+from trainer.families.components.mask_tensors import LatentMasks
 from trainer.families.components.prior import ensure_class_images
 from trainer.families.protocol import Sample, WorkerContext
 
@@ -60,16 +63,18 @@ class CaptionedLatents:
         self.latents: LatentTable | None = None
         self.class_latents: LatentTable | None = None
         self._fingerprint: str | None = None
+        self.held_out: list[ImageItem] = []
+        self.held_out_buckets: list[tuple[int, int]] | None = None
+        self.held_out_bucket: list[int] | None = None
+        self.held_out_latents: LatentTable | None = None
+        self.augment = CaptionAugment.from_config(self.cfg.data)
+        self.masks: LatentMasks | None = None
 
     @property
     def vae_fingerprint(self) -> str:
         if self._fingerprint is None:
             self._fingerprint = weights_fingerprint(self.vae)
         return self._fingerprint
-        self.held_out: list[ImageItem] = []
-        self.held_out_buckets: list[tuple[int, int]] | None = None
-        self.held_out_bucket: list[int] | None = None
-        self.held_out_latents: LatentTable | None = None
 
     def prepare(self) -> int:
         """Scan, check, bucket and cache; return the number of items per epoch (repeats included)."""
@@ -79,6 +84,9 @@ class CaptionedLatents:
         for warning in scan.warnings:
             ctx.log_warning(f"data: {warning}")
         self.images, self.held_out = scan.items, scan.held_out
+        for warning in check_masks(cfg, scan):
+            ctx.log_warning(warning)
+        self.masks = LatentMasks(self, cfg.data.masks, [scan.root, cfg.data.val_path]) if cfg.data.masks else None
         self.expanded = [i for i, item in enumerate(scan.items) for _ in range(item.repeats)]
         self._assign_buckets()
         self.class_images = []
@@ -132,14 +140,28 @@ class CaptionedLatents:
         return {"instance": self.images, "class": self.class_images, "val": self.held_out}[kind][image_index]
 
     def caption(self, image_index: int, kind: str) -> str:
-        """Class images are captioned with the class prompt whatever their .txt says: that is what the prior
-        means."""
-        return self.cfg.prior.class_prompt if kind == "class" else self.item(image_index, kind).caption
+        """An image's caption with `data.caption_prefix`, without the per-sample draws. Class images are captioned
+        with the class prompt whatever their .txt says: that is what the prior means."""
+        return self.cfg.prior.class_prompt if kind == "class" else self.augment.fixed(self.item(image_index, kind).caption)
+
+    def row_caption(self, row: Row) -> str:
+        """The caption a sample trains on: a training image's is augmented (dropped, tags shuffled) as a function
+        of its stream position (trainer.core.data.captions); held-out and class images keep theirs."""
+        position, _, image_index, _, kind = row
+        if kind != "instance":
+            return self.caption(image_index, kind)
+        return self.augment.draw(self.images[image_index].caption, seed=self.cfg.seed, position=position)
 
     def captions(self) -> list[str]:
-        """Every caption a loss may ask for (training and held-out images, the class prompt): the text caches'."""
-        out = [item.caption for item in self.images + self.held_out]
+        """Every caption a loss may ask for (training and held-out images with the prefix, the empty caption when
+        captions are dropped, the class prompt): the text caches'. Shuffled tags are not among them: a run that
+        shuffles encodes per step (`augment.cacheable`)."""
+        out = self.augment.cached_captions(item.caption for item in self.images + self.held_out)
         return out + [self.cfg.prior.class_prompt] if self.class_images else out
+
+    def loss_masks(self, rows: Sequence[Row], latent_hw: tuple[int, int]) -> torch.Tensor | None:
+        """(B, 1, h, w) loss weights of `rows` from `data.masks`, or None: every sample trains whole."""
+        return self.masks.batch(rows, latent_hw) if self.masks is not None else None
 
     def target(self, image_index: int, kind: str) -> Size:
         """The pixel size a sample is made at: its bucket's (width, height), or the square resolution."""

@@ -1,11 +1,14 @@
-"""Config checks the diffusion families share (torch-free): the base model and the image folder exist."""
+"""Config checks the diffusion families share (torch-free): the base model and the image folder exist, the
+held-out images, caption augmentation, loss masks and the loss's keys."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+from trainer.core.config.schema import TrainConfig
 from trainer.core.config.validate import DEMO_SCHEME, is_hub_id
+from trainer.core.data.masks import ALPHA
 
 
 def model_path_problem(key: str, path: str) -> str | None:
@@ -21,8 +24,9 @@ def model_path_problem(key: str, path: str) -> str | None:
 
 
 def diffusion_checks(config, *, check_paths: bool = True) -> list[str]:
-    """model.path / model.config name a model; data.path a folder of captioned images; the held-out images."""
-    p = held_out_problems(config, check_paths=check_paths)
+    """model.path / model.config name a model; data.path a folder of captioned images; the held-out images;
+    caption augmentation, masks and the loss."""
+    p = held_out_problems(config, check_paths=check_paths) + augmentation_problems(config, check_paths=check_paths)
     if not check_paths:
         return p
     p += [q for key, value in (("model.path", config.model.path), ("model.config", config.model.config))
@@ -62,3 +66,38 @@ def held_out_problems(config, *, check_paths: bool = True) -> list[str]:
 
 def _same_folder(a: Path, b: Path) -> bool:
     return os.path.realpath(a.expanduser()) == os.path.realpath(b.expanduser())
+
+
+def augmentation_problems(config, *, check_paths: bool = True) -> list[str]:
+    """data.caption_dropout / shuffle_tags / keep_tokens / masks, train.huber_delta / input_perturbation and
+    model.zero_terminal_snr: ranges, and keys that would do nothing with the others as they are."""
+    d, t, p = config.data, config.train, []
+    if not 0 <= d.caption_dropout < 1:
+        p.append(f"data.caption_dropout: must be a probability in [0, 1) of training a sample with the empty caption "
+                 f"(0.1: one sample in ten), got {d.caption_dropout}")
+    if d.keep_tokens < 0:
+        p.append(f"data.keep_tokens: must be zero or more (leading tags kept in place), got {d.keep_tokens}")
+    elif d.keep_tokens and not d.shuffle_tags:
+        p.append(f"data.keep_tokens: {d.keep_tokens} keeps tags in place while data.shuffle_tags shuffles the "
+                 "others, but shuffle_tags is off, so it would do nothing: set data.shuffle_tags=true or "
+                 "data.keep_tokens=0")
+    if d.shuffle_tags and d.cache_text_embeddings is True:
+        p.append("data.cache_text_embeddings: true cannot hold the captions of data.shuffle_tags, which are new at "
+                 "almost every step: leave it unset (they are then encoded at every step, the text encoders staying "
+                 "on the GPU) or set data.shuffle_tags=false")
+    if check_paths and d.masks and d.masks != ALPHA and not Path(d.masks).expanduser().is_dir():
+        p.append(f"data.masks: folder '{d.masks}' does not exist; give a folder of masks named like the images, "
+                 "`alpha` to use the images' transparency, or leave it empty for no masks")
+    if not t.huber_delta > 0:
+        p.append(f"train.huber_delta: must be greater than zero, got {t.huber_delta}")
+    elif t.loss != "huber" and t.huber_delta != TrainConfig.huber_delta:
+        p.append(f"train.huber_delta: {t.huber_delta} is only read by train.loss=huber, and train.loss is {t.loss}: "
+                 f"set train.loss=huber, or leave train.huber_delta at its default {TrainConfig.huber_delta}")
+    if t.input_perturbation < 0:
+        p.append(f"train.input_perturbation: must be zero or more (0.1 is usual), got {t.input_perturbation}")
+    if config.model.zero_terminal_snr and config.model.prediction_type == "epsilon":
+        p.append("model.zero_terminal_snr: needs v-prediction, and model.prediction_type is epsilon: at zero terminal "
+                 "SNR the last timestep's input is pure noise, which an epsilon model only copies. Set "
+                 "model.prediction_type=v_prediction (to train the model into v-prediction) or auto with a "
+                 "v-prediction model, or set model.zero_terminal_snr=false")
+    return p

@@ -19,6 +19,8 @@ import math
 
 import torch
 
+from trainer.families.components.objective import Objective
+
 SCHEMES = ("logit_normal", "uniform")
 WEIGHTINGS = ("none", "sigma_sqrt", "cosmap")
 
@@ -46,10 +48,12 @@ def resolution_shift(image_seq_len: int, *, base_seq_len: int = 256, max_seq_len
     return math.exp(mu)
 
 
-def noisy_and_target(x0: torch.Tensor, noise: torch.Tensor, sigmas: torch.Tensor):
-    """(noisy input, velocity target) for latents x0 (B, ...) and per-sample sigmas (B,)."""
+def noisy_and_target(x0: torch.Tensor, noise: torch.Tensor, sigmas: torch.Tensor,
+                     input_noise: torch.Tensor | None = None):
+    """(noisy input, velocity target) for latents x0 (B, ...) and per-sample sigmas (B,); `input_noise` (input
+    perturbation: noise plus a little more) makes the input, the target keeps `noise`."""
     s = sigmas.to(x0.dtype).view(-1, *([1] * (x0.ndim - 1)))
-    return (1 - s) * x0 + s * noise, noise - x0
+    return (1 - s) * x0 + s * (noise if input_noise is None else input_noise), noise - x0
 
 
 def loss_weight(sigmas: torch.Tensor, weighting: str) -> torch.Tensor:
@@ -64,10 +68,12 @@ def loss_weight(sigmas: torch.Tensor, weighting: str) -> torch.Tensor:
     raise ValueError(f"unknown loss weighting {weighting!r}; expected one of {WEIGHTINGS}")
 
 
-def per_sample_loss(pred: torch.Tensor, target: torch.Tensor, sigmas: torch.Tensor, weighting: str = "none"):
-    """Weighted MSE per sample, in fp32."""
-    err = (pred.float() - target.float()) ** 2
-    return err.mean(dim=tuple(range(1, pred.ndim))) * loss_weight(sigmas.float().to(err.device), weighting)
+def per_sample_loss(pred: torch.Tensor, target: torch.Tensor, sigmas: torch.Tensor, weighting: str = "none", *,
+                    objective: Objective = Objective(), mask: torch.Tensor | None = None):
+    """The objective's loss per sample (fp32; MSE by default; `mask`: trainer.families.components.objective),
+    weighted per timestep."""
+    loss = objective.per_sample(pred, target, mask)
+    return loss * loss_weight(sigmas.float().to(loss.device), weighting)
 
 
 def draw_sample(generator: torch.Generator, latent_shape: tuple[int, ...], *, scheme: str, logit_mean: float,

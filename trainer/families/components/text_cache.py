@@ -13,8 +13,9 @@ Stable API (other families import it):
   one process encodes each chunk and the others wait for it (the chunking and exchange are
   trainer.families.components.latent_cache's). A finished cache is reused by later runs without encoding anything.
 - ``TextEmbeddings.get(caption)`` -> dict of tensors for one caption; ``.stack(captions)`` -> batched dict.
-- ``cache_text_embeddings(config, family_default) -> bool``: the preset key ``data.cache_text_embeddings``
-  (``null`` means the family's default).
+- ``cache_text_embeddings(config, family_default, log_warning=None) -> bool``: the preset key
+  ``data.cache_text_embeddings`` (``null`` means the family's default); off when ``data.shuffle_tags`` varies the
+  captions (trainer.core.data.captions: dropped captions and the prefix are cached, shuffled tags are not).
 - ``offload(*modules)``: frees frozen text encoders after caching (moved to the CPU; their memory on the
   accelerator is released). Sampling moves them back with ``onload``.
 """
@@ -88,9 +89,16 @@ def build_text_cache(
     return TextEmbeddings(unique, tensors)
 
 
-def cache_text_embeddings(config, family_default: bool) -> bool:
+def cache_text_embeddings(config, family_default: bool, log_warning: Callable[[str], None] | None = None) -> bool:
     value = getattr(config.data, "cache_text_embeddings", None)
-    return family_default if value is None else bool(value)
+    wanted = family_default if value is None else bool(value)
+    if wanted and getattr(config.data, "shuffle_tags", False):  # validation refuses an explicit `true` with it
+        if log_warning is not None:
+            log_warning("data.cache_text_embeddings is off because data.shuffle_tags makes a new caption at almost "
+                        "every step: the captions are encoded at every step, and the text encoders stay on the "
+                        "device")
+        return False
+    return wanted
 
 
 def offload(*modules: torch.nn.Module) -> None:

@@ -13,6 +13,7 @@ from trainer.families.components import noise as diffusion
 from trainer.families.components.base_weights import frozen_dtype, place_frozen_network
 from trainer.families.components.captioned import torch_generator
 from trainer.families.components.captioned_latents import CaptionedLatents, Row
+from trainer.families.components.objective import Objective
 
 Predict = Callable[[torch.Tensor, torch.Tensor, list[str], list[Row]], torch.Tensor]
 """`predict(noisy latents, timesteps, captions, rows)`: the UNet's prediction with the family's conditioning."""
@@ -21,9 +22,12 @@ Predict = Callable[[torch.Tensor, torch.Tensor, list[str], list[Row]], torch.Ten
 def ddpm_loss(rows: list[Row], stream: int, *, data: CaptionedLatents, vae: Any, noise_scheduler: Any,
               prediction_type: str, predict: Predict) -> torch.Tensor:
     """Per-sample losses of `rows`: each sample's latent, noise and timestep drawn from its own generator
-    (seeded by its stream position and `stream`), noised by the scheduler, predicted, and weighted (Min-SNR)."""
+    (seeded by its stream position and `stream`), noised by the scheduler (input perturbation: with a little
+    more noise), predicted with its caption (trainer.core.data.captions), and the objective's error (mse, huber,
+    l1) weighted by its loss mask and Min-SNR."""
     cfg, device = data.cfg, data.ctx.device
-    latents, noises, timesteps, captions = [], [], [], []
+    objective = Objective.from_config(cfg.train)
+    latents, noises, inputs, timesteps = [], [], [], []
     factor = vae.config.scaling_factor
     for position, epoch, image_index, expanded_index, kind in rows:
         mean, std = data.latent_dist(image_index, epoch, expanded_index, kind)
@@ -32,15 +36,16 @@ def ddpm_loss(rows: list[Row], stream: int, *, data: CaptionedLatents, vae: Any,
                            noise_offset=cfg.train.noise_offset)
         latents.append((mean + std * d.latent_eps) * factor)
         noises.append(d.noise)
+        inputs.append(objective.input_noise(gen, d.noise, training=kind != "val"))
         timesteps.append(d.timestep)
-        captions.append(data.caption(image_index, kind))
     x0, noise = torch.stack(latents).to(device), torch.stack(noises).to(device)
     t = torch.tensor(timesteps, device=device, dtype=torch.long)
-    noisy = noise_scheduler.add_noise(x0, noise, t)
-    pred = predict(noisy, t, captions, rows)
+    noisy = noise_scheduler.add_noise(x0, torch.stack(inputs).to(device), t)
+    pred = predict(noisy, t, [data.row_caption(row) for row in rows], rows)
     target = diffusion.target_for(noise_scheduler, x0, noise, t, prediction_type)
     return diffusion.per_sample_loss(pred, target, scheduler=noise_scheduler, timesteps=t,
-                                     prediction_type=prediction_type, min_snr_gamma=cfg.train.min_snr_gamma)
+                                     prediction_type=prediction_type, min_snr_gamma=cfg.train.min_snr_gamma,
+                                     objective=objective, mask=data.loss_masks(rows, (x0.shape[-2], x0.shape[-1])))
 
 
 def setup_models(cfg, plan, device, *, unet, vae, text_encoders, train_text_encoder: bool, te_lora_kwargs=None) -> None:

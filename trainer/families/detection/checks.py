@@ -14,6 +14,17 @@ from trainer.core.config.validate import DEMO_SCHEME, parse_devices
 from trainer.families.detection.architectures import ARCHITECTURES, NAMES
 
 AUGMENTATIONS = ("color", "zoom_out", "iou_crop")
+_CAPTIONS = "a detector reads no captions"
+_DENOISING = "it shapes the diffusion families' denoising loss; a detector trains on its own box and class losses"
+# Keys of the diffusion families that mean nothing to a detector, refused when set, with why.
+DIFFUSION_ONLY = {
+    "data.caption_prefix": _CAPTIONS, "data.caption_dropout": _CAPTIONS, "data.shuffle_tags": _CAPTIONS,
+    "data.keep_tokens": _CAPTIONS,
+    "data.masks": "a detector's loss follows its boxes (crowd regions are already ignore regions)",
+    "train.loss": _DENOISING, "train.huber_delta": _DENOISING, "train.input_perturbation": _DENOISING,
+    "train.noise_offset": _DENOISING, "train.min_snr_gamma": _DENOISING,
+    "model.zero_terminal_snr": "it rescales the diffusion families' noise schedule",
+}
 WEIGHT_CHOICES = ("coco", "none")
 
 
@@ -55,6 +66,7 @@ def detection_problems(config: Config, *, check_paths: bool = True) -> list[str]
             p.append(f"data.{name}: detection evaluates on its own validation set (detection.val_path, YOLO's val, "
                      "a val.json next to train.json, else detection.val_fraction of the training images), not on "
                      f"held-out images; leave data.{name} unset")
+    p += _diffusion_only_problems(config)
     if config.eval.best == "val_loss":
         p.append("eval.best: val_loss is the diffusion families' validation loss; detection keeps checkpoints/best/ by "
                  "detection.best_metric (map or map50): set eval.best=auto, or none for no best checkpoint")
@@ -85,4 +97,14 @@ def detection_problems(config: Config, *, check_paths: bool = True) -> list[str]
             p.append(f"detection.val_path: '{d.val_path}' does not exist; give a COCO .json file or leave it empty")
         if d.images and not Path(d.images).expanduser().is_dir():
             p.append(f"detection.images: folder '{d.images}' does not exist")
+    return p
+
+
+def _diffusion_only_problems(config: Config) -> list[str]:
+    defaults, p = Config(), []
+    for key, why in DIFFUSION_ONLY.items():
+        section, name = key.split(".")
+        value, default = getattr(getattr(config, section), name), getattr(getattr(defaults, section), name)
+        if value != default:
+            p.append(f"{key}: not for detection: {why}; leave it at its default, {default!r}")
     return p

@@ -14,4 +14,8 @@ def flow_checks(config, *, check_paths: bool = True) -> list[str]:
         p.append(f"train.min_snr_gamma: {config.train.min_snr_gamma} is for the UNet families (epsilon and "
                  f"v-prediction); {config.model.family} trains by flow matching: unset it and choose "
                  "flow.weighting (sigma_sqrt or cosmap) or flow.timestep_sampling instead")
+    if config.model.zero_terminal_snr:
+        # sigma = 1 is pure noise by construction: there is no terminal SNR to rescale.
+        p.append(f"model.zero_terminal_snr: is for the UNet families' DDPM noise schedule; {config.model.family} "
+                 "trains by flow matching, whose last timestep (sigma 1) is already pure noise: set it to false")
     return p

@@ -25,6 +25,7 @@ from trainer.families.components.base_weights import frozen_dtype, place_frozen_
 from trainer.families.components.captioned import torch_generator
 from trainer.families.components.captioned_latents import CaptionedLatents, Row
 from trainer.families.components.latent_cache import weights_fingerprint
+from trainer.families.components.objective import Objective
 from trainer.families.components.validation import held_out_loss
 from trainer.families.protocol import Evaluates, Sample, WorkerContext
 
@@ -170,7 +171,7 @@ class FlowTransformerTrainer:
     # ---- text ---------------------------------------------------------------------------------------------
     def prepare_data(self) -> int:
         count = self.data.prepare()
-        if text_cache.cache_text_embeddings(self.cfg, family_default=True):
+        if text_cache.cache_text_embeddings(self.cfg, True, self.ctx.log_warning):
             self._cache_text()
         return count
 
@@ -196,9 +197,13 @@ class FlowTransformerTrainer:
 
     @torch.no_grad()
     def _text(self, captions: list[str]) -> dict[str, torch.Tensor]:
-        """Batched text conditioning: from the disk cache, or (cache off) each caption encoded once per run."""
+        """Batched text conditioning: from the disk cache, or (cache off) each caption encoded once per run, or
+        at every step when shuffled tags make almost every caption new (kept, they would fill the memory)."""
         if self.text_cache is not None:
             return self.text_cache.stack(captions)
+        if not self.data.augment.cacheable:
+            rows = [self.model.encode_caption(caption) for caption in captions]
+            return {k: torch.cat([row[k] for row in rows]) for k in rows[0]}
         for caption in captions:
             if caption not in self.text_embeddings:
                 self.text_embeddings[caption] = {k: v.detach() for k, v in self.model.encode_caption(caption).items()}
@@ -222,7 +227,8 @@ class FlowTransformerTrainer:
     def _rows_loss(self, rows: list[Row], stream: int, transformer: torch.nn.Module) -> torch.Tensor:
         cfg, flow, device = self.cfg, self.cfg.flow, self.ctx.device
         vae = self.vae.config
-        latents, noises, sigma_list, captions = [], [], [], []
+        objective = Objective.from_config(cfg.train)
+        latents, noises, inputs, sigma_list = [], [], [], []
         for position, epoch, image_index, expanded_index, kind in rows:
             mean, std = self.data.latent_dist(image_index, epoch, expanded_index, kind)
             gen = torch_generator(position_seed(cfg.seed, position, stream))
@@ -232,13 +238,15 @@ class FlowTransformerTrainer:
                                                noise_offset=cfg.train.noise_offset)
             latents.append((mean + std * eps - (vae.shift_factor or 0.0)) * vae.scaling_factor)
             noises.append(noise)
+            inputs.append(objective.input_noise(gen, noise, training=kind != "val"))
             sigma_list.append(sigma)
-            captions.append(self.data.caption(image_index, kind))
         x0, noise = torch.stack(latents).to(device), torch.stack(noises).to(device)
         sigmas = torch.tensor(sigma_list, device=device, dtype=torch.float32)
-        noisy, target = fm.noisy_and_target(x0, noise, sigmas)
-        pred = self.model.forward(transformer, noisy.to(self.transformer.dtype), sigmas, self._text(captions))
-        return fm.per_sample_loss(pred, target, sigmas, flow.weighting)
+        noisy, target = fm.noisy_and_target(x0, noise, sigmas, torch.stack(inputs).to(device))
+        text = self._text([self.data.row_caption(row) for row in rows])
+        pred = self.model.forward(transformer, noisy.to(self.transformer.dtype), sigmas, text)
+        return fm.per_sample_loss(pred, target, sigmas, flow.weighting, objective=objective,
+                                  mask=self.data.loss_masks(rows, (x0.shape[-2], x0.shape[-1])))
 
     # ---- samples ------------------------------------------------------------------------------------------
     def _sampling_pipeline(self, from_cache: bool) -> Any:

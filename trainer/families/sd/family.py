@@ -15,6 +15,7 @@ from diffusers import DDPMScheduler, DPMSolverMultistepScheduler, StableDiffusio
 
 from trainer.families.components import trained_weights
 from trainer.families.components.captioned_latents import CaptionedLatents, Row
+from trainer.families.components.noise import zero_terminal_snr
 from trainer.families.components.sd_loading import load_sd_components
 from trainer.families.components.unet_training import ddpm_loss, setup_models
 from trainer.families.components.validation import held_out_loss
@@ -41,9 +42,10 @@ class StableDiffusionFamily:
         self.vae: Any = parts.vae
         self.text_encoder: Any = parts.text_encoder
         self.tokenizer: Any = parts.tokenizer
-        self.scheduler_config = parts.scheduler_config
         self.prediction_type = parts.prediction_type
-        self.noise_scheduler = DDPMScheduler.from_config(parts.scheduler_config, prediction_type=self.prediction_type)
+        self.scheduler_config = zero_terminal_snr(parts.scheduler_config, enabled=cfg.model.zero_terminal_snr,
+                                                  prediction_type=self.prediction_type)
+        self.noise_scheduler = DDPMScheduler.from_config(self.scheduler_config, prediction_type=self.prediction_type)
         for module in (self.unet, self.vae, self.text_encoder):
             module.requires_grad_(False)
 
@@ -84,11 +86,14 @@ class StableDiffusionFamily:
         return count
 
     def _token_ids(self, caption: str) -> torch.Tensor:
-        if caption not in self.tokens:
-            self.tokens[caption] = self.tokenizer(caption, padding="max_length", truncation=True,
-                                                  max_length=self.tokenizer.model_max_length,
-                                                  return_tensors="pt").input_ids[0]
-        return self.tokens[caption]
+        """Token ids, kept per caption unless shuffled tags make almost every caption new (they would pile up)."""
+        if caption in self.tokens:
+            return self.tokens[caption]
+        ids = self.tokenizer(caption, padding="max_length", truncation=True, max_length=self.tokenizer.model_max_length,
+                             return_tensors="pt").input_ids[0]
+        if self.data.augment.cacheable:
+            self.tokens[caption] = ids
+        return ids
 
     # ---- loss ---------------------------------------------------------------------------------------------
     def loss(self, samples: list[Sample]) -> torch.Tensor:

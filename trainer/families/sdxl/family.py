@@ -21,6 +21,7 @@ from trainer.families.components.latent_cache import weights_fingerprint
 from trainer.families.components import text_cache, trained_weights
 from trainer.families.components.captioned import _integer, flip_drawn, sample_rng
 from trainer.families.components.captioned_latents import CaptionedLatents, Row
+from trainer.families.components.noise import zero_terminal_snr
 from trainer.families.components.sd_loading import load_pipeline
 from trainer.families.components.unet_training import ddpm_loss, setup_models
 from trainer.families.components.validation import held_out_loss
@@ -52,10 +53,11 @@ class StableDiffusionXLFamily:
         self.text_encoder_2: Any = pipe.text_encoder_2
         self.tokenizer: Any = pipe.tokenizer
         self.tokenizer_2: Any = pipe.tokenizer_2
-        self.scheduler_config = dict(pipe.scheduler.config)
         self.prediction_type = cfg.model.prediction_type
         if self.prediction_type == "auto":
-            self.prediction_type = self.scheduler_config.get("prediction_type", "epsilon")
+            self.prediction_type = pipe.scheduler.config.get("prediction_type", "epsilon")
+        self.scheduler_config = zero_terminal_snr(dict(pipe.scheduler.config), enabled=cfg.model.zero_terminal_snr,
+                                                  prediction_type=self.prediction_type)
         self.noise_scheduler = DDPMScheduler.from_config(self.scheduler_config, prediction_type=self.prediction_type)
         for module in (self.unet, self.vae, self.text_encoder, self.text_encoder_2):
             module.requires_grad_(False)
@@ -103,7 +105,7 @@ class StableDiffusionXLFamily:
         count = self.data.prepare()
         self.item_buckets = self.data.item_buckets
         cfg, ctx = self.cfg, self.ctx
-        wanted = text_cache.cache_text_embeddings(cfg, CACHE_TEXT_DEFAULT)
+        wanted = text_cache.cache_text_embeddings(cfg, CACHE_TEXT_DEFAULT, ctx.log_warning)
         if wanted and self.train_text_encoder:
             ctx.log_warning("data.cache_text_embeddings is off because the text encoders are trained")
         if wanted and not self.train_text_encoder:
