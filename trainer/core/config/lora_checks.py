@@ -17,7 +17,8 @@ def init_file(value: str) -> Path:
 
 
 def lora_problems(config: Config, *, check_paths: bool = True) -> list[str]:
-    lora, p = config.lora, []
+    lora = config.lora
+    p: list[str] = []
     if config.method != "lora":
         return p
     if lora.factor != -1 and lora.factor < 1:
@@ -32,6 +33,10 @@ def lora_problems(config: Config, *, check_paths: bool = True) -> list[str]:
         p.append(f"lora.dora: DoRA renormalises each adapted weight by its full-precision norm, which "
                  f"model.base_weights={config.model.base_weights} does not keep: set model.base_weights=default or "
                  "lora.dora=false")
+    if lora.dora and lora.train_text_encoder:
+        p.append("lora.dora: diffusers' LoRA loader drops a text encoder's DoRA magnitudes, so the run's diffusers "
+                 "file would not load to what it trained: set lora.train_text_encoder=false with DoRA (or "
+                 "lora.dora=false)")
     if lora.type != "lora" and lora.dropout:
         p.append(f"lora.dropout: {lora.dropout} is LoRA's dropout; peft's {lora.type} has none: set lora.dropout=0 "
                  "or lora.type=lora")

@@ -53,17 +53,20 @@ def read_start(pipe: Any, value: str, components: tuple[str, ...]) -> dict[str, 
             model = getattr(pipe, component, None)
             for path, layer in ([] if model is None else model.named_modules()):
                 if isinstance(layer, LoraLayer) and _LOADING in layer.lora_A:
-                    magnitude = layer.lora_magnitude_vector[_LOADING].weight if layer.use_dora.get(_LOADING) else None
+                    dora = layer.use_dora.get(_LOADING)
                     start.setdefault(component, {})[path] = LayerStart(
-                        layer.lora_A[_LOADING].weight.detach().float().clone(),
-                        layer.lora_B[_LOADING].weight.detach().float().clone(), float(layer.scaling[_LOADING]),
-                        None if magnitude is None else magnitude.detach().float().clone())
+                        _copy(layer.lora_A[_LOADING]), _copy(layer.lora_B[_LOADING]), float(layer.scaling[_LOADING]),
+                        _copy(layer.lora_magnitude_vector[_LOADING]) if dora else None)
     finally:
         pipe.unload_lora_weights()
     if not start:
         raise UserError(f"lora.init_from: diffusers found no LoRA layer of this model in '{file}'; is it a LoRA of "
                         "another model family?")
     return start
+
+
+def _copy(module: Any) -> torch.Tensor:
+    return module.weight.detach().float().clone()
 
 
 @torch.no_grad()

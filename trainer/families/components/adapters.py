@@ -60,12 +60,12 @@ def _unscaled_full_lokr(model: torch.nn.Module, config) -> None:
             config.alpha_pattern[re.escape(path)] = rank
 
 
-def adapter_layers(model: torch.nn.Module) -> dict[str, Any]:
-    """{module path: peft layer} of every adapted layer of `model` (its trained adapter)."""
+def adapter_layers(model: torch.nn.Module, adapter: str = ADAPTER) -> dict[str, Any]:
+    """{module path: peft layer} of every layer of `model` that `adapter` (the trained one) adapts."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     return {name: module for name, module in model.named_modules()
-            if isinstance(module, BaseTunerLayer) and ADAPTER in _adapter_names(module)}
+            if isinstance(module, BaseTunerLayer) and adapter in _adapter_names(module)}
 
 
 def _adapter_names(layer) -> set[str]:

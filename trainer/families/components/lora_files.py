@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import math
+import os
 import re
 from collections.abc import Hashable, Iterable, Mapping
 from pathlib import Path
@@ -230,14 +231,14 @@ def _lycoris_tensors(unet, text_encoder) -> dict[str, torch.Tensor]:
                          (text_encoder, lambda p: kohya_module_name(clip_module_path(p), TEXT_ENCODER_PREFIX)))
 
 
-def _write_kohya(out_dir: Path, unet, tensors, *, rank: int, alpha: float, metadata: Mapping[str, Any],
+def _write_kohya(out_dir: Path, unet: Any, tensors, *, rank: int, alpha: float, metadata: Mapping[str, Any],
                  train_text_encoder: bool) -> Path:
     info = dict(metadata)
     name = str(info.pop("name", None) or "lora")
     kwargs = {key: info.pop(key) for key in _METADATA_ARGS if info.get(key) is not None}
     if "base_model_version" not in kwargs:
         # `config`: a diffusers model's, which nn.Module's attribute hints (tensors and submodules) do not cover
-        cross_attention_dim = unet.config.get("cross_attention_dim")  # type: ignore[union-attr, operator]
+        cross_attention_dim = unet.config.get("cross_attention_dim")
         kwargs["base_model_version"] = "sd_v2" if cross_attention_dim == 1024 else "sd_v1"
     header = kohya_metadata(
         rank=rank, alpha=alpha, name=name, train_text_encoder=train_text_encoder, extra=info, **kwargs

@@ -110,7 +110,7 @@ def save_peft_folders(out_dir: Path, models: Mapping[str, torch.nn.Module]) -> l
     for component, model in models.items():
         folder = out_dir / "peft" / component
         folder.mkdir(parents=True, exist_ok=True)
-        model.peft_config[ADAPTER].save_pretrained(str(folder))  # type: ignore[index, union-attr, operator]
+        model.peft_config[ADAPTER].save_pretrained(str(folder))  # type: ignore[index, union-attr]
         state = get_peft_model_state_dict(model, adapter_name=ADAPTER)
         write_file(folder / "adapter_model.safetensors", {f"base_model.model.{k}": _tensor(v) for k, v in state.items()},
                    {"format": "pt"})
