@@ -60,6 +60,7 @@ ADVANCED = {
     "train.betas", "train.eps", "train.max_grad_norm", "train.noise_offset", "train.min_snr_gamma",
     "train.max_nonfinite_steps", "sample.seed", "sample.guidance_scale", "sample.size", "eval.every", "eval.best",
     "data.bucket_step", "data.bucket_max_aspect", "data.bucket_min_side", "data.bucket_max_side",
+    "lora.factor", "lora.ema_decay",
 }
 DEVICE_CHOICES = ["auto", "cpu:1", "cpu:2"]
 TRISTATE = {"default": None, "yes": True, "no": False}  # an Optional[bool]: unset means "the engine decides"

@@ -97,7 +97,9 @@ class LoraConfig:
         "LoRA. Outputs: the diffusers file (`lora_magnitude_vector`, loaded by `pipe.load_lora_weights`) and the "
         "kohya/ComfyUI file with `dora_scale` per module, output-row shaped (LyCORIS' `wd_on_out`) and written for "
         "ComfyUI's formula, which divides by the norm of the base weight W: the file reproduces the trained "
-        "weights on the base model it was trained on, in ComfyUI and Forge. A1111 reads input-axis DoRA only.",
+        "weights on the base model it was trained on, in ComfyUI and Forge. A1111 reads input-axis DoRA only. Not "
+        "with lora.train_text_encoder (diffusers' loader drops a text encoder's DoRA magnitudes) nor with "
+        "model.base_weights fp8/nf4 (its norms need the full-precision weights).",
     )
     init_from: str = key(
         "",
