@@ -63,6 +63,7 @@ ADVANCED = {
     "data.bucket_step", "data.bucket_max_aspect", "data.bucket_min_side", "data.bucket_max_side",
     "data.caption_dropout", "data.shuffle_tags", "data.keep_tokens", "train.loss", "train.huber_delta",
     "train.input_perturbation", "model.zero_terminal_snr",
+    "lora.factor", "lora.ema_decay",
 }
 DEVICE_CHOICES = ["auto", "cpu:1", "cpu:2"]
 TRISTATE = {"default": None, "yes": True, "no": False}  # an Optional[bool]: unset means "the engine decides"

@@ -280,12 +280,11 @@ def tiny_flux(tiny_flux_path):
     return tiny_flux_path
 
 
-def _outputs_of_a_full_run(family_name, model, tmp_path, *overrides, ema=False, warnings=None):
+def _outputs_of_a_full_run(family_name, model, tmp_path, *overrides, warnings=None):
     """The family's own outputs (save_flow_outputs) on a stand-in trainer that has what they read. `ctx.unwrap`
     hands out a different, "trained" copy of the transformer, as FSDP's gathered copy on rank 0 is: the outputs
     must hold its weights."""
     from diffusers import FluxPipeline, StableDiffusion3Pipeline
-    from diffusers.training_utils import EMAModel
 
     from trainer.core.config import load_config
     from trainer.families.flow.outputs import save_flow_outputs
@@ -298,17 +297,12 @@ def _outputs_of_a_full_run(family_name, model, tmp_path, *overrides, ema=False, 
     with torch.no_grad():
         for p in gathered.parameters():
             p.add_(0.25)
-    average = None
-    if ema:
-        average = EMAModel(gathered.parameters())
-        for shadow in average.shadow_params:
-            shadow.mul_(-1)
     live = pipe.transformer
     warnings = [] if warnings is None else warnings  # what the run logged, for callers that look
     ctx = SimpleNamespace(unwrap=lambda m: gathered if m is live else m, device=torch.device("cpu"),
                           log_warning=warnings.append)
     trainer = SimpleNamespace(cfg=cfg, ctx=ctx, name=family_name, pipe=pipe, transformer=live)
-    outputs = save_flow_outputs(trainer, tmp_path / "output", step=3, ema=average)
+    outputs = save_flow_outputs(trainer, tmp_path / "output", step=3)
     assert pipe.transformer is live  # the pipeline got its own transformer back
     return pipe, gathered, outputs
 
@@ -317,10 +311,9 @@ def test_a_flux_full_fine_tune_writes_the_bfl_file_beside_the_diffusers_folder(t
                                                                               diffusers_reads_tiny_flux):
     from diffusers import FluxTransformer2DModel
 
-    _, gathered, outputs = _outputs_of_a_full_run("flux", tiny_flux, tmp_path, ema=True)
+    _, gathered, outputs = _outputs_of_a_full_run("flux", tiny_flux, tmp_path)
     output = tmp_path / "output"
     assert outputs == [str(output / "diffusers"), str(output / "my-run.safetensors")]
-    assert torch.all(gathered.x_embedder.bias < 0)  # the EMA weights (negated in the stand-in) were copied in
     folder = FluxTransformer2DModel.from_pretrained(output / "diffusers" / "transformer")
     _assert_same(folder.state_dict(), gathered.state_dict(), "diffusers folder")
     tensors = load_file(outputs[1])

@@ -46,7 +46,7 @@ class Run:
     parallel: Parallelism
     state: TrainState = field(default_factory=TrainState)
     phase: str = "starting"  # what the processes are doing: named in the failure if a collective times out
-    ema: Any = None  # diffusers' EMAModel when full.ema is on
+    ema: Any = None  # diffusers' EMAModel when full.ema or lora.ema is on (trainer.engine.ema)
 
     @property
     def rank(self) -> int:

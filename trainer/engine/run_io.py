@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from trainer.families.protocol import HasCheckpointMetadata, evaluator_of
 from trainer.core.checkpoint import COMPLETE, CHECKPOINTS, CheckpointWriteError, latest_checkpoint, save_checkpoint
+from trainer.engine.ema import ema_weights
 from trainer.engine.optim import averaged_weights, is_schedule_free
 from trainer.core.runfolder import BEST, SAMPLES_DIR as SAMPLES, RunFolder
 from trainer.engine.scoring import prompt_scores, side_by_side
@@ -43,7 +44,7 @@ def draw_samples(run) -> None:
     run.phase = f"rank 0 drawing samples at step {step}"
     # FSDP: rank 0 samples with a gathered copy, in bf16 under a bf16 plan (FLUX: 24 GB, not 48 GB of fp32)
     dtype = torch.bfloat16 if run.plan.precision == "bf16" else torch.float32
-    with averaged_weights(run.optimizer), run.parallel.gathered(run.accelerator.device, dtype):
+    with averaged_weights(run.optimizer), ema_weights(run), run.parallel.gathered(run.accelerator.device, dtype):
         if run.accelerator.is_main_process:
             samples = run.family.render_samples(step)
             _write_samples(run, step, ((i, prompt, side_by_side(images)) for i, (prompt, images) in enumerate(samples)))
@@ -64,7 +65,7 @@ def evaluate(run) -> None:
         return
     step = run.state.step
     run.phase = f"evaluating at step {step}"
-    with averaged_weights(run.optimizer):
+    with averaged_weights(run.optimizer), ema_weights(run):
         metrics = evaluator.evaluate(step)
         if metrics:
             run.events.emit("eval", step=step, **metrics)

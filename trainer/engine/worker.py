@@ -37,6 +37,7 @@ def setup(run_dir: Path, resume: Path | None):
     from trainer.families import get_family
     from trainer.families.protocol import Bucketed, WorkerContext
     from trainer.engine.run import Run
+    from trainer.engine.ema import build_ema
     from trainer.engine.optim import build_optimizer, build_scheduler
     from trainer.engine.precision import Amp
     from trainer.engine.run_io import load_run_checkpoint, load_weights
@@ -79,11 +80,7 @@ def setup(run_dir: Path, resume: Path | None):
     parallel.shard(family)  # FSDP replaces the parameters by their shards: before the optimizer takes them
     optimizer = build_optimizer(family.param_groups(), config.train)
     scheduler = build_scheduler(optimizer, config.train)
-    ema = None
-    if config.method == "full" and config.full.ema:
-        from diffusers.training_utils import EMAModel
-
-        ema = EMAModel([p for g in optimizer.param_groups for p in g["params"]], decay=config.full.ema_decay)
+    ema = build_ema(config, (p for g in optimizer.param_groups for p in g["params"]))
     parallel.wrap(family, acc, optimizer)  # DDP / DeepSpeed wrap the trainable modules (FSDP: nothing to do)
     run = Run(config=config, plan=plan, accelerator=acc, family=family, stream=stream, optimizer=optimizer,
               scheduler=scheduler, amp=Amp(plan.precision, acc.device.type), events=events, stop=stop,
@@ -155,10 +152,12 @@ def main(argv: list[str] | None = None) -> int:
             events.emit("stopped", step=run.state.step, reason=run.stop.reason(),
                         checkpoint=str(ckpt.path.relative_to(run_dir)) if ckpt else None)
             return 0
+        from trainer.engine.ema import ema_weights
         from trainer.engine.optim import averaged_weights
 
         outputs = []
-        with averaged_weights(run.optimizer), run.parallel.gathered():  # FSDP: rank 0 writes gathered weights
+        # FSDP: rank 0 writes gathered weights; an EMA run, its averaged ones
+        with averaged_weights(run.optimizer), ema_weights(run), run.parallel.gathered():
             if run.accelerator.is_main_process:
                 run.phase = "rank 0 writing the outputs"
                 outputs = run.family.save_outputs(RunFolder(run_dir).output, step=run.state.step)

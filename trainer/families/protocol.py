@@ -58,7 +58,8 @@ class Family(Protocol):
     """The trainable modules as the parallel wrapper returned them (set by `set_prepared`); the loop
     accumulates gradients on these."""
     ema: Any
-    """diffusers' EMAModel over the trained parameters when `full.ema` is on, else None (set by the worker)."""
+    """diffusers' EMAModel over the trained parameters when `full.ema` or `lora.ema` is on, else None (set by the
+    worker, which swaps the averaged weights in for samples, evaluations and outputs: trainer.engine.ema)."""
 
     def __init__(self, ctx: WorkerContext): ...
 

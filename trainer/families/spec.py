@@ -22,7 +22,8 @@ COMMON_FROZEN_ON_RESUME = (
     "batch.total", "data.path", "train.optimizer",
 )
 # The diffusion families' keys that name local files or folders (model.path may also be a hub id or demo://).
-DIFFUSION_PATH_KEYS = ("model.path", "model.config", "data.path", "data.val_path", "prior.class_path", "data.masks")
+DIFFUSION_PATH_KEYS = ("model.path", "model.config", "data.path", "data.val_path", "prior.class_path", "data.masks",
+                       "lora.init_from")
 DIFFUSION_PATH_EXCEPTIONS = {"data.masks": ("alpha",)}  # the images' own alpha channel, not a folder
 
 

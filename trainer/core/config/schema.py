@@ -79,12 +79,68 @@ class LoraConfig:
     text_encoder_targets: list[str] = key(
         ["q_proj", "k_proj", "v_proj", "out_proj"], "Text-encoder module names that get LoRA layers."
     )
+    type: str = key(
+        "lora",
+        "The adapter: `lora` (low-rank update up @ down, scaled by alpha / rank), `lokr` (LyCORIS LoKr: the "
+        "Kronecker product of a small full matrix and a second factor, itself low-rank (rank `lora.rank`) when "
+        "the rank is under half its size, full otherwise; `lora.factor` sets the split) or `loha` (LyCORIS LoHa: "
+        "the elementwise product of two rank-`lora.rank` updates). Trained with peft's implementations in every "
+        "diffusion family; the outputs are a peft folder per adapted model (`output/peft/<model>/`, "
+        "`PeftModel.from_pretrained`) and the kohya/ComfyUI file (`lokr_w1`, `lokr_w2[_a/_b]` / `hada_w1_a`... "
+        "keys, which ComfyUI, Forge and A1111 load). As in LyCORIS, alpha / rank scales a LoKr only where a factor "
+        "is low-rank: with both factors full (a large rank, e.g. LyCORIS' habit of rank 10000 with factor 8) it "
+        "is unscaled. `lora.dropout` is LoRA's and must stay 0 for LoKr and LoHa.",
+        choices=("lora", "lokr", "loha"),
+    )
+    factor: int = key(
+        -1,
+        "LoKr: how each side of a weight is split into the Kronecker factors (LyCORIS' `factor`): a side n "
+        "becomes (factor, n / factor) where factor divides n, else the two divisors nearest its square root; -1 "
+        "always takes those nearest the square root (the smallest files). 4-16 are usual. Only with "
+        "lora.type=lokr.",
+    )
+    dora: bool = key(
+        False,
+        "DoRA (weight-decomposed LoRA, peft's): each adapted weight becomes m * (W + alpha / rank * up @ down) / "
+        "||W + ...||, with a trained magnitude m per output row. Only with lora.type=lora; a little slower than "
+        "LoRA. Outputs: the diffusers file (`lora_magnitude_vector`, loaded by `pipe.load_lora_weights`) and the "
+        "kohya/ComfyUI file with `dora_scale` per module, output-row shaped (LyCORIS' `wd_on_out`) and written for "
+        "ComfyUI's formula, which divides by the norm of the base weight W: the file reproduces the trained "
+        "weights on the base model it was trained on, in ComfyUI and Forge. A1111 reads input-axis DoRA only. Not "
+        "with lora.train_text_encoder (diffusers' loader drops a text encoder's DoRA magnitudes) nor with "
+        "model.base_weights fp8/nf4 (its norms need the full-precision weights).",
+    )
+    init_from: str = key(
+        "",
+        "Start the adapter from an existing LoRA file instead of zero: a kohya/A1111/ComfyUI `.safetensors` or a "
+        "diffusers `pytorch_lora_weights.safetensors` (or a folder holding one), of this family's base model, "
+        "read by diffusers' own loader (kohya `lora_unet_`/`lora_te_` keys, FLUX's BFL names, diffusers and peft "
+        "keys). Each module the file adapts must be one this run adapts, with the same rank; its alpha is "
+        "honoured (folded into the up weights), so training starts from exactly the file's update. Modules the "
+        "file lacks start at zero. With lora.dora: the file's magnitudes if it is a diffusers DoRA, else "
+        "magnitudes that keep the file's update. Not for lora.type lokr or loha. Only read at the start: a resume "
+        "continues from its checkpoint.",
+    )
+    ema: bool = key(
+        False,
+        "Keep an exponential moving average of the adapter weights (as `full.ema` does for a full fine-tune). "
+        "Samples, evaluations (val_loss, checkpoints/best/) and the output files use the averaged weights; "
+        "training continues on the live ones, and checkpoints keep both, so a resume is exact.",
+    )
+    ema_decay: float = key(
+        0.999,
+        "LoRA EMA decay per optimizer step (0 to 1), as diffusers' EMAModel applies it: at its n-th update the "
+        "average moves by 1 - d towards the live weights, d = min(ema_decay, n / (n + 9)) (d = 0 at the first: the "
+        "average starts as the live weights, and the warm-up keeps it from lagging behind the early steps for "
+        "long). 0.999 averages over about the last thousand steps; lower it for short runs (0.99: a hundred).",
+    )
 
 
 @dataclass
 class FullConfig:
     train_text_encoder: bool = key(False, "Full fine-tune: also train the text encoder.")
-    ema: bool = key(False, "Keep an exponential moving average of the trained weights and save it as the output.")
+    ema: bool = key(False, "Keep an exponential moving average of the trained weights: samples, evaluations and the "
+                           "output use it; training continues on the live weights.")
     ema_decay: float = key(0.9999, "EMA decay per optimizer step (0 to 1).")
     save_single_file: bool = key(True, "Also write the result as one `.safetensors` file for A1111 / ComfyUI.")
 

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from trainer.families.components.adapters import model_kind
 from trainer.families.components.kohya import (
     TEXT_ENCODER_PREFIX,
     UNET_PREFIX,
@@ -39,6 +40,7 @@ from trainer.families.components.kohya import (
     kohya_module_name,
     to_kohya,
 )
+from trainer.families.components.lycoris_files import kohya_tensors, save_peft_folders, write_file
 
 DIFFUSERS_WEIGHT_NAME = "pytorch_lora_weights.safetensors"
 _T = TypeVar("_T", bound=Hashable)
@@ -88,8 +90,6 @@ def _lora_modules(model: torch.nn.Module) -> tuple[str, dict[str, tuple[int, flo
 
     modules = {}
     for name, module in layers.items():
-        if module.use_dora.get(adapter):
-            raise ValueError("DoRA adapters cannot be exported as a plain LoRA (kohya/A1111/ComfyUI format)")
         rank, alpha = module.r[adapter], module.lora_alpha[adapter]
         effective = module.scaling[adapter] * rank
         # Keep the configured number when it is the same value, so "8" stays 8.0 and not 7.999999.
@@ -110,7 +110,7 @@ def _configured_alpha(model: torch.nn.Module, path: str, adapter: str) -> float:
     return layer.lora_alpha[adapter]
 
 
-def diffusers_adapter_metadata(modules: Mapping[str, tuple[int, float]], *, path_fn=None) -> dict:
+def diffusers_adapter_metadata(modules: Mapping[str, tuple[int, float]], *, path_fn=None, use_dora: bool = False) -> dict:
     """The ``LoraConfig`` kwargs diffusers needs to rebuild these LoRA layers with the right scaling.
 
     Module paths go into ``target_modules`` in full so that exactly the trained layers get a LoRA; peft matches
@@ -125,6 +125,7 @@ def diffusers_adapter_metadata(modules: Mapping[str, tuple[int, float]], *, path
         "rank_pattern": {p: r for p, (r, _) in paths.items() if r != rank},
         "alpha_pattern": {p: a for p, (_, a) in paths.items() if a != alpha},
         "target_modules": sorted(paths),
+        **({"use_dora": True} if use_dora else {}),
     }
 
 
@@ -165,12 +166,18 @@ def save_lora(
     """
     from diffusers import StableDiffusionPipeline
     from diffusers.utils import convert_state_dict_to_diffusers
-    from safetensors.torch import save_file
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     unet = unwrap(unet)
     text_encoder = unwrap(text_encoder) if text_encoder is not None else None
+    adapter_kind = model_kind(unet)
+    models = {"unet": unet, **({"text_encoder": text_encoder} if text_encoder is not None else {})}
+    if adapter_kind in ("lokr", "loha"):  # no diffusers LoRA file holds these: peft folders, and the kohya file
+        first = save_peft_folders(out_dir, models)[0]
+        kohya_path = _write_kohya(out_dir, unet, _lycoris_tensors(unet, text_encoder), rank=rank, alpha=alpha,
+                                  metadata=metadata, train_text_encoder=text_encoder is not None)
+        return {"peft": first.parent, "kohya": kohya_path}
 
     unet_adapter, unet_modules = _lora_modules(unet)
     trained_rank = _most_common(r for r, _ in unet_modules.values())
@@ -186,6 +193,7 @@ def save_lora(
     if text_encoder is not None:
         te_adapter, te_modules = _lora_modules(text_encoder)
         te_state = _peft_state(text_encoder, te_adapter)
+    dora = adapter_kind == "dora"
 
     # (a) diffusers. Text-encoder keys get "text_model." back (transformers 5 flattened CLIPTextModel): diffusers
     # 0.42 strips it again for a flattened model, while older diffusers + transformers 4 need it to find the layers.
@@ -199,30 +207,40 @@ def save_lora(
         text_encoder_lora_layers=te_layers,
         weight_name=DIFFUSERS_WEIGHT_NAME,
         safe_serialization=True,
-        unet_lora_adapter_metadata=diffusers_adapter_metadata(unet_modules),
+        unet_lora_adapter_metadata=diffusers_adapter_metadata(unet_modules, use_dora=dora),
         text_encoder_lora_adapter_metadata=(
-            diffusers_adapter_metadata(te_modules, path_fn=_strip_text_model) if te_state else None
+            diffusers_adapter_metadata(te_modules, path_fn=_strip_text_model, use_dora=dora) if te_state else None
         ),
     )
 
     # (b) kohya, with every module's effective alpha so rsLoRA or per-module alphas survive too.
-    alphas = {kohya_module_name(p, UNET_PREFIX): a for p, (_, a) in unet_modules.items()}
-    te_names = {p: kohya_module_name(clip_module_path(p), TEXT_ENCODER_PREFIX) for p in te_modules}
-    alphas.update({te_names[p]: a for p, (_, a) in te_modules.items()})
-    tensors = to_kohya(unet_state, te_state, alpha=alphas)
+    if dora:
+        tensors = _lycoris_tensors(unet, text_encoder)
+    else:
+        alphas = {kohya_module_name(p, UNET_PREFIX): a for p, (_, a) in unet_modules.items()}
+        te_names = {p: kohya_module_name(clip_module_path(p), TEXT_ENCODER_PREFIX) for p in te_modules}
+        alphas.update({te_names[p]: a for p, (_, a) in te_modules.items()})
+        tensors = to_kohya(unet_state, te_state, alpha=alphas)
+    kohya_path = _write_kohya(out_dir, unet, tensors, rank=rank, alpha=alpha, metadata=metadata,
+                              train_text_encoder=bool(te_state))
+    return {"diffusers": out_dir / DIFFUSERS_WEIGHT_NAME, "kohya": kohya_path}
 
+
+def _lycoris_tensors(unet, text_encoder) -> dict[str, torch.Tensor]:
+    return kohya_tensors((unet, lambda p: kohya_module_name(p, UNET_PREFIX)),
+                         (text_encoder, lambda p: kohya_module_name(clip_module_path(p), TEXT_ENCODER_PREFIX)))
+
+
+def _write_kohya(out_dir: Path, unet: Any, tensors, *, rank: int, alpha: float, metadata: Mapping[str, Any],
+                 train_text_encoder: bool) -> Path:
     info = dict(metadata)
     name = str(info.pop("name", None) or "lora")
     kwargs = {key: info.pop(key) for key in _METADATA_ARGS if info.get(key) is not None}
     if "base_model_version" not in kwargs:
         # `config`: a diffusers model's, which nn.Module's attribute hints (tensors and submodules) do not cover
-        cross_attention_dim = unet.config.get("cross_attention_dim")  # type: ignore[union-attr, operator]
+        cross_attention_dim = unet.config.get("cross_attention_dim")
         kwargs["base_model_version"] = "sd_v2" if cross_attention_dim == 1024 else "sd_v1"
     header = kohya_metadata(
-        rank=rank, alpha=alpha, name=name, train_text_encoder=bool(te_state), extra=info, **kwargs
+        rank=rank, alpha=alpha, name=name, train_text_encoder=train_text_encoder, extra=info, **kwargs
     )
-    kohya_path = out_dir / f"{_file_name(name)}_kohya.safetensors"
-    partial = kohya_path.with_name(kohya_path.name + ".partial")
-    save_file(tensors, str(partial), metadata=header)
-    os.replace(partial, kohya_path)  # a reader never sees half a file
-    return {"diffusers": out_dir / DIFFUSERS_WEIGHT_NAME, "kohya": kohya_path}
+    return write_file(out_dir / f"{_file_name(name)}_kohya.safetensors", tensors, header)

@@ -48,10 +48,19 @@ def ddpm_loss(rows: list[Row], stream: int, *, data: CaptionedLatents, vae: Any,
                                      objective=objective, mask=data.loss_masks(rows, (x0.shape[-2], x0.shape[-1])))
 
 
-def setup_models(cfg, plan, device, *, unet, vae, text_encoders, train_text_encoder: bool, te_lora_kwargs=None) -> None:
+def setup_models(cfg, plan, device, *, unet, vae, text_encoders, train_text_encoder: bool, te_lora_kwargs=None,
+                 pipeline=None) -> None:
     """Shared by the UNet families (SD 1.x/2.x, SDXL): move and cast the models, add LoRA layers (or unfreeze for a
     full fine-tune), keep trained weights fp32, gradient checkpointing, train/eval modes. `te_lora_kwargs[i]`:
-    extra peft LoraConfig arguments for text encoder i (e.g. which layers)."""
+    extra peft config arguments for text encoder i (e.g. which layers); `pipeline()`: the family's pipeline of
+    these models, which reads `lora.init_from`."""
+    components = ("unet", "text_encoder", "text_encoder_2")[:1 + len(text_encoders)]
+    start = None
+    if cfg.method == "lora" and cfg.lora.init_from:  # read before any cast: diffusers loads it as it loads a LoRA
+        from trainer.families.components.adapter_init import read_start
+
+        assert pipeline is not None, "a family that reads lora.init_from passes its pipeline"
+        start = read_start(pipeline(), cfg.lora.init_from, components)
     base_dtype = frozen_dtype(plan.precision, cfg.method)
     # The VAE stays fp32 under fp16: SD VAEs (SDXL's above all) overflow to NaN latents in fp16 (black samples).
     vae.to(device, dtype=torch.float32 if plan.precision == "fp16" else base_dtype)
@@ -63,20 +72,13 @@ def setup_models(cfg, plan, device, *, unet, vae, text_encoders, train_text_enco
 
     torch.manual_seed(cfg.seed)  # identical adapter init on every rank and every world size
     if cfg.method == "lora":
-        from peft import LoraConfig
+        from trainer.families.components.adapters import add_adapter
 
-        def adapter(targets, **extra):
-            return LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-                              init_lora_weights="gaussian", target_modules=list(targets), **extra)
-
-        unet.add_adapter(adapter(cfg.lora.unet_targets))
+        add_adapter(unet, cfg.lora, cfg.lora.unet_targets)
         if train_text_encoder:
-            from peft import inject_adapter_in_model
-
-            # transformers' own add_adapter refuses peft < 0.22; injecting directly works with every peft
             for i, text_encoder in enumerate(text_encoders):
-                extra = (te_lora_kwargs or {}).get(i, {})
-                inject_adapter_in_model(adapter(cfg.lora.text_encoder_targets, **extra), text_encoder)
+                add_adapter(text_encoder, cfg.lora, cfg.lora.text_encoder_targets, inject=True,
+                            **(te_lora_kwargs or {}).get(i, {}))
     else:
         unet.requires_grad_(True)
         for text_encoder in text_encoders:
@@ -86,6 +88,10 @@ def setup_models(cfg, plan, device, *, unet, vae, text_encoders, train_text_enco
         for p in module.parameters():
             if p.requires_grad:
                 p.data = p.data.float()  # trained weights stay fp32 whatever the precision
+    if start is not None:  # into the fp32 weights: a bf16 copy would round the file's update
+        from trainer.families.components.adapter_init import apply_start
+
+        apply_start(start, dict(zip(components, [unet, *text_encoders])), cfg.lora)
     if cfg.train.gradient_checkpointing:
         unet.enable_gradient_checkpointing()
         if train_text_encoder:

@@ -81,7 +81,7 @@ class FluxFamily:
         self.flow.load_trainable_state(state)
 
     def save_outputs(self, out_dir: Path, *, step: int) -> list[str]:
-        return save_flow_outputs(self.flow, out_dir, step=step, ema=self.ema)
+        return save_flow_outputs(self.flow, out_dir, step=step)
 
     # ---- FlowModel: what the trainer asks of FLUX ---------------------------------------------------------
     def default_lora_targets(self) -> dict[str, tuple[str, ...]]:

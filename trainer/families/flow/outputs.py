@@ -23,15 +23,15 @@ A LoRA:
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 
-def save_flow_outputs(trainer, out_dir: Path, *, step: int, ema=None) -> list[str]:
+def save_flow_outputs(trainer, out_dir: Path, *, step: int) -> list[str]:
     """The outputs of a run (see above). `trainer`: the family's FlowTransformerTrainer, or anything with its
-    `cfg`, `ctx`, `name`, `pipe`, `transformer` and `pipeline_class`; `ema`: the family's EMAModel, if any."""
+    `cfg`, `ctx`, `name`, `pipe`, `transformer` and `pipeline_class`. An EMA run's averaged weights are in the
+    transformer already (the worker swaps them in: trainer.engine.ema)."""
     if trainer.cfg.method == "full":
-        return save_flow_full(trainer, out_dir, step=step, ema=ema)
+        return save_flow_full(trainer, out_dir, step=step)
     return save_flow_lora(trainer, out_dir, step=step)
 
 
@@ -44,9 +44,7 @@ def flow_metadata(trainer, step: int) -> dict:
 
 
 def save_flow_lora(trainer, out_dir: Path, *, step: int) -> list[str]:
-    from safetensors.torch import save_file
-
-    from trainer.families.components.kohya import kohya_metadata
+    from trainer.families.components.adapters import model_kind
     from trainer.families.components.lora_files import (
         DIFFUSERS_WEIGHT_NAME,
         _file_name,
@@ -54,45 +52,66 @@ def save_flow_lora(trainer, out_dir: Path, *, step: int) -> list[str]:
         _peft_state,
         diffusers_adapter_metadata,
     )
+    from trainer.families.components.lycoris_files import kohya_tensors, network_metadata, save_peft_folders
 
-    cfg = trainer.cfg
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     transformer = trainer.ctx.unwrap(trainer.transformer)
-    adapter, modules = _lora_modules(transformer)
-    state = _peft_state(transformer, adapter)
-    trainer.pipeline_class.save_lora_weights(out_dir, transformer_lora_layers=state, weight_name=DIFFUSERS_WEIGHT_NAME,
-                                             safe_serialization=True,
-                                             transformer_lora_adapter_metadata=diffusers_adapter_metadata(modules))
-    outputs = [str(out_dir / DIFFUSERS_WEIGHT_NAME)]
-    if trainer.name == "flux":
-        from trainer.families.flow.kohya_flux import flux_metadata_overrides, flux_to_kohya
+    kind = model_kind(transformer)
+    if kind in ("lokr", "loha"):  # no diffusers LoRA file holds these: a peft folder
+        outputs = [str(p) for p in save_peft_folders(out_dir, {"transformer": transformer})]
+    else:
+        adapter, modules = _lora_modules(transformer)
+        state = _peft_state(transformer, adapter)
+        metadata = diffusers_adapter_metadata(modules, use_dora=kind == "dora")
+        trainer.pipeline_class.save_lora_weights(out_dir, transformer_lora_layers=state,
+                                                 weight_name=DIFFUSERS_WEIGHT_NAME, safe_serialization=True,
+                                                 transformer_lora_adapter_metadata=metadata)
+        outputs = [str(out_dir / DIFFUSERS_WEIGHT_NAME)]
+    if kind == "lora" and trainer.name != "flux":
+        return outputs  # SD3: ComfyUI reads the diffusers file itself
+    if kind == "lora":  # FLUX: the fused BFL names every FLUX reader knows (kohya_flux)
+        from trainer.families.flow.kohya_flux import flux_to_kohya
 
         out_features = {n: m.out_features for n, m in transformer.named_modules()
                         if isinstance(getattr(m, "out_features", None), int)}
         tensors = flux_to_kohya(state, {p: a for p, (_, a) in modules.items()}, out_features)
-        info = flow_metadata(trainer, step)
-        name = str(info.pop("name") or "lora")
-        for key in ("steps", "base_model", "resolution"):
-            info.pop(key)
-        extra = {**info, **flux_metadata_overrides(guidance_embeds=bool(trainer.transformer.config.guidance_embeds))}
-        header = kohya_metadata(rank=cfg.lora.rank, alpha=cfg.lora.alpha, name=name, base_model_version="flux1",
-                                steps=step, base_model=cfg.model.path, resolution=cfg.data.resolution, extra=extra)
-        path = out_dir / f"{_file_name(name)}_kohya.safetensors"
-        partial = path.with_name(path.name + ".partial")
-        save_file(tensors, str(partial), metadata=header)
-        os.replace(partial, path)
-        outputs.append(str(path))
+    else:  # OneTrainer's names over diffusers paths, which ComfyUI maps onto (slices of) its fused weights
+        tensors = kohya_tensors((transformer, lambda p: "lora_transformer_" + p.replace(".", "_")))
+    extra = network_metadata(trainer.cfg.lora) if kind != "lora" else {}
+    name = _file_name(trainer.cfg.name or "lora")
+    outputs.append(str(_write_flow_kohya(trainer, out_dir / f"{name}_kohya.safetensors", tensors, step, extra)))
     return outputs
 
 
-def save_flow_full(trainer, out_dir: Path, *, step: int | None = None, ema=None) -> list[str]:
+def _write_flow_kohya(trainer, path: Path, tensors: dict, step: int, extra: dict) -> Path:
+    from trainer.families.components.kohya import kohya_metadata
+    from trainer.families.components.lycoris_files import write_file
+
+    cfg = trainer.cfg
+    info = flow_metadata(trainer, step)
+    name = str(info.pop("name") or "lora")
+    for key in ("steps", "base_model", "resolution"):
+        info.pop(key)
+    if trainer.name == "flux":
+        from trainer.families.flow.kohya_flux import flux_metadata_overrides
+
+        overrides = flux_metadata_overrides(guidance_embeds=bool(trainer.transformer.config.guidance_embeds))
+    else:
+        overrides = {"ss_base_model_version": "sd3", "ss_v2": "False", "modelspec.prediction_type": "flow",
+                     "modelspec.architecture": "stable-diffusion-3/lora",
+                     "modelspec.implementation": "https://github.com/Stability-AI/sd3.5"}
+    header = kohya_metadata(rank=cfg.lora.rank, alpha=cfg.lora.alpha, name=name, base_model_version=overrides[
+                            "ss_base_model_version"], steps=step, base_model=cfg.model.path,
+                            resolution=cfg.data.resolution, extra={**info, **overrides, **extra})
+    return write_file(path, tensors, header)
+
+
+def save_flow_full(trainer, out_dir: Path, *, step: int | None = None) -> list[str]:
     cfg = trainer.cfg
     out_dir = Path(out_dir)
     pipe = trainer.pipe
     transformer = trainer.ctx.unwrap(trainer.transformer)  # under FSDP: the gathered full weights (rank 0)
-    if ema is not None:  # the averaged weights are the output; the live ones were only the path there
-        ema.copy_to(transformer.parameters())
     folder = out_dir / "diffusers"
     pipe.transformer = transformer
     try:

@@ -77,7 +77,7 @@ class SD3Family:
         self.flow.load_trainable_state(state)
 
     def save_outputs(self, out_dir: Path, *, step: int) -> list[str]:
-        return save_flow_outputs(self.flow, out_dir, step=step, ema=self.ema)
+        return save_flow_outputs(self.flow, out_dir, step=step)
 
     # ---- FlowModel: what the trainer asks of SD3 ----------------------------------------------------------
     def default_lora_targets(self) -> dict[str, tuple[str, ...]]:

@@ -91,6 +91,11 @@ class FlowTransformerTrainer:
         if cfg.prior.enabled:
             raise UserError(f"model.family={self.name}: prior preservation is not supported yet; set prior.enabled=false")
         self.pipe = self._load_pipeline()
+        start = None
+        if cfg.method == "lora" and cfg.lora.init_from:  # read before any cast, as diffusers loads a LoRA
+            from trainer.families.components.adapter_init import read_start
+
+            start = read_start(self.pipe, cfg.lora.init_from, ("transformer",))
         self.transformer, self.vae = self.pipe.transformer, self.pipe.vae
         self.text_encoders = [getattr(self.pipe, n) for n in model.text_encoder_names]
         self.scheduler_config = dict(self.pipe.scheduler.config)
@@ -107,6 +112,10 @@ class FlowTransformerTrainer:
             self.transformer.requires_grad_(True)  # fp32 (frozen_dtype); FSDP shards it when it does not fit
         else:
             self._add_lora()
+            if start is not None:
+                from trainer.families.components.adapter_init import apply_start
+
+                apply_start(start, {"transformer": self.transformer}, cfg.lora)
         if cfg.train.gradient_checkpointing:
             self.transformer.enable_gradient_checkpointing()
         self.transformer.train()
@@ -120,16 +129,14 @@ class FlowTransformerTrainer:
 
     def _add_lora(self) -> None:
         cfg = self.cfg
-        from peft import LoraConfig
+        from trainer.families.components.adapters import add_adapter
 
         self.lora_targets = self.lora_target_paths()
         if not self.lora_targets:
             raise UserError(f"flow.lora_targets={list(cfg.flow.lora_targets)} with flow.lora_blocks="
                             f"{cfg.flow.lora_blocks} selects no layer of this transformer")
         torch.manual_seed(cfg.seed)  # identical adapter init on every rank and every world size
-        alpha: Any = cfg.lora.alpha  # peft annotates lora_alpha as int; a float alpha only scales, as intended
-        self.transformer.add_adapter(LoraConfig(r=cfg.lora.rank, lora_alpha=alpha, lora_dropout=cfg.lora.dropout,
-                                                init_lora_weights="gaussian", target_modules=self.lora_targets))
+        add_adapter(self.transformer, cfg.lora, self.lora_targets)
         for p in self.transformer.parameters():
             if p.requires_grad:
                 p.data = p.data.float()  # trained weights stay fp32 whatever the precision

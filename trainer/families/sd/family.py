@@ -51,7 +51,7 @@ class StableDiffusionFamily:
 
         self.train_text_encoder = cfg.lora.train_text_encoder if cfg.method == "lora" else cfg.full.train_text_encoder
         setup_models(cfg, self.ctx.plan, device, unet=self.unet, vae=self.vae, text_encoders=[self.text_encoder],
-                     train_text_encoder=self.train_text_encoder)
+                     train_text_encoder=self.train_text_encoder, pipeline=self.pipeline)
         self.data = CaptionedLatents(self.ctx, self.vae, draw_class_images=self.sample)
         self.evaluator = held_out_loss(self.ctx, self.data, self._plain_rows_loss, self.trainable_modules)
 

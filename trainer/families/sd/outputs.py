@@ -35,12 +35,10 @@ def training_metadata(family, step: int) -> dict:
 
 
 def save_full(family, out_dir: Path, write_single_file) -> list[str]:
-    """A full fine-tune's outputs: the pipeline as a diffusers folder (the EMA weights, if kept) and, with
+    """A full fine-tune's outputs: the pipeline as a diffusers folder (the EMA weights, if kept: the worker swaps
+    them in, trainer.engine.ema) and, with
     `full.save_single_file`, `write_single_file(folder, path, dtype=fp16)`'s original-layout checkpoint."""
     cfg = family.cfg
-    ema = getattr(family, "ema", None)
-    if ema is not None:  # the averaged weights are the output; the live ones were only the path there
-        ema.copy_to(family.ctx.unwrap(family.unet).parameters())
     folder = out_dir / "diffusers"
     family.pipeline().save_pretrained(folder, safe_serialization=True)
     outputs = [str(folder)]
@@ -56,6 +54,10 @@ def save_sd_outputs(family, out_dir: Path, *, step: int) -> list[str]:
     unwrap = family.ctx.unwrap
     out_dir.mkdir(parents=True, exist_ok=True)
     metadata = training_metadata(family, step)
+    if cfg.method == "lora" and (cfg.lora.type != "lora" or cfg.lora.dora):
+        from trainer.families.components.lycoris_files import network_metadata
+
+        metadata.update(network_metadata(cfg.lora))
     if cfg.method == "lora":
         from trainer.families.components.lora_files import save_lora
 

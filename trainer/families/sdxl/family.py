@@ -68,7 +68,8 @@ class StableDiffusionXLFamily:
         te_lora = {0: {"layers_to_transform": list(range(last)), "layers_pattern": "layers"}}
         setup_models(cfg, self.ctx.plan, device, unet=self.unet, vae=self.vae,
                      text_encoders=[self.text_encoder, self.text_encoder_2],
-                     train_text_encoder=self.train_text_encoder, te_lora_kwargs=te_lora)
+                     train_text_encoder=self.train_text_encoder, te_lora_kwargs=te_lora,
+                     pipeline=self.pipeline)
         if cfg.method == "full" and self.train_text_encoder:
             te = self.text_encoder
             for module in (_encoder_layers(te)[last], _final_norm(te)):

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 from trainer.families.components.kohya import UNET_PREFIX, clip_module_path, convert_lora_state, kohya_metadata, kohya_module_name
@@ -28,6 +27,8 @@ from trainer.families.components.lora_files import (
     diffusers_adapter_metadata,
     unwrap,
 )
+from trainer.families.components.adapters import model_kind
+from trainer.families.components.lycoris_files import kohya_tensors, save_peft_folders, write_file
 from trainer.families.sd.outputs import save_full, training_metadata
 
 TE_PREFIXES = ("lora_te1", "lora_te2")
@@ -37,11 +38,18 @@ def save_sdxl_lora(out_dir, unet, text_encoders=(), *, rank: int, alpha: float, 
     """Write the diffusers and kohya files of an SDXL LoRA; `text_encoders` is () or (te1, te2) with LoRA layers."""
     from diffusers import StableDiffusionXLPipeline
     from diffusers.utils import convert_state_dict_to_diffusers
-    from safetensors.torch import save_file
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     unet = unwrap(unet)
+    text_encoders = tuple(unwrap(te) for te in text_encoders)
+    adapter_kind = model_kind(unet)
+    if adapter_kind in ("lokr", "loha"):  # no diffusers LoRA file holds these: peft folders, and the kohya file
+        save_peft_folders(out_dir, dict(zip(("unet", "text_encoder", "text_encoder_2"), (unet, *text_encoders))))
+        path = _write_kohya(out_dir, _lycoris_tensors(unet, text_encoders), rank=rank, alpha=alpha,
+                            metadata=metadata, train_text_encoder=bool(text_encoders))
+        return {"peft": out_dir / "peft", "kohya": path}
+    dora = adapter_kind == "dora"
     adapter, unet_modules = _lora_modules(unet)
     trained_rank = _most_common(r for r, _ in unet_modules.values())
     trained_alpha = _most_common(_configured_alpha(unet, p, adapter) for p in unet_modules)
@@ -50,12 +58,11 @@ def save_sdxl_lora(out_dir, unet, text_encoders=(), *, rank: int, alpha: float, 
     unet_state = _peft_state(unet, adapter)
     tes = []  # (peft state, {module: (rank, alpha)}) per text encoder
     for te in text_encoders:
-        te = unwrap(te)
         te_adapter, modules = _lora_modules(te)
         tes.append((_peft_state(te, te_adapter), modules))
 
     te_layers = [convert_state_dict_to_diffusers({clip_module_path(k): v for k, v in s.items()}) for s, _ in tes]
-    te_meta = [diffusers_adapter_metadata(m, path_fn=_strip_text_model) for _, m in tes]
+    te_meta = [diffusers_adapter_metadata(m, path_fn=_strip_text_model, use_dora=dora) for _, m in tes]
     StableDiffusionXLPipeline.save_lora_weights(
         out_dir,
         unet_lora_layers=convert_state_dict_to_diffusers(unet_state),
@@ -63,27 +70,40 @@ def save_sdxl_lora(out_dir, unet, text_encoders=(), *, rank: int, alpha: float, 
         text_encoder_2_lora_layers=te_layers[1] if tes else None,
         weight_name=DIFFUSERS_WEIGHT_NAME,
         safe_serialization=True,
-        unet_lora_adapter_metadata=diffusers_adapter_metadata(unet_modules),
+        unet_lora_adapter_metadata=diffusers_adapter_metadata(unet_modules, use_dora=dora),
         text_encoder_lora_adapter_metadata=te_meta[0] if tes else None,
         text_encoder_2_lora_adapter_metadata=te_meta[1] if tes else None,
     )
 
-    alphas = {kohya_module_name(p, UNET_PREFIX): a for p, (_, a) in unet_modules.items()}
-    tensors = convert_lora_state(unet_state, prefix=UNET_PREFIX, alpha=alphas)
-    for prefix, (state, modules) in zip(TE_PREFIXES, tes):
-        te_alphas = {kohya_module_name(clip_module_path(p), prefix): a for p, (_, a) in modules.items()}
-        tensors.update(convert_lora_state(state, prefix=prefix, alpha=te_alphas, path_fn=clip_module_path))
+    if dora:
+        tensors = _lycoris_tensors(unet, text_encoders)
+    else:
+        alphas = {kohya_module_name(p, UNET_PREFIX): a for p, (_, a) in unet_modules.items()}
+        tensors = convert_lora_state(unet_state, prefix=UNET_PREFIX, alpha=alphas)
+        for prefix, (state, modules) in zip(TE_PREFIXES, tes):
+            te_alphas = {kohya_module_name(clip_module_path(p), prefix): a for p, (_, a) in modules.items()}
+            tensors.update(convert_lora_state(state, prefix=prefix, alpha=te_alphas, path_fn=clip_module_path))
+    path = _write_kohya(out_dir, tensors, rank=rank, alpha=alpha, metadata=metadata, train_text_encoder=bool(tes))
+    return {"diffusers": out_dir / DIFFUSERS_WEIGHT_NAME, "kohya": path}
 
+
+def _lycoris_tensors(unet, text_encoders) -> dict:
+    def te_name(prefix):
+        return lambda p: kohya_module_name(clip_module_path(p), prefix)
+
+    return kohya_tensors((unet, lambda p: kohya_module_name(p, UNET_PREFIX)),
+                         *((te, te_name(prefix)) for prefix, te in zip(TE_PREFIXES, text_encoders)))
+
+
+def _write_kohya(out_dir: Path, tensors: dict, *, rank: int, alpha: float, metadata: dict,
+                 train_text_encoder: bool) -> Path:
     info = dict(metadata)
     name = str(info.pop("name", None) or "lora")
     kwargs = {key: info.pop(key) for key in _METADATA_ARGS if info.get(key) is not None}
     kwargs["base_model_version"] = "sdxl_base_v1-0"
-    header = kohya_metadata(rank=rank, alpha=alpha, name=name, train_text_encoder=bool(tes), extra=info, **kwargs)
-    kohya_path = out_dir / f"{_file_name(name)}_kohya.safetensors"
-    partial = kohya_path.with_name(kohya_path.name + ".partial")
-    save_file(tensors, str(partial), metadata=header)
-    os.replace(partial, kohya_path)
-    return {"diffusers": out_dir / DIFFUSERS_WEIGHT_NAME, "kohya": kohya_path}
+    header = kohya_metadata(rank=rank, alpha=alpha, name=name, train_text_encoder=train_text_encoder, extra=info,
+                            **kwargs)
+    return write_file(out_dir / f"{_file_name(name)}_kohya.safetensors", tensors, header)
 
 
 def save_sdxl_outputs(family, out_dir: Path, *, step: int) -> list[str]:
@@ -92,6 +112,10 @@ def save_sdxl_outputs(family, out_dir: Path, *, step: int) -> list[str]:
     out_dir.mkdir(parents=True, exist_ok=True)
     metadata = training_metadata(family, step)
     metadata["base_model_version"] = "sdxl_base_v1-0"
+    if cfg.method == "lora" and (cfg.lora.type != "lora" or cfg.lora.dora):
+        from trainer.families.components.lycoris_files import network_metadata
+
+        metadata.update(network_metadata(cfg.lora))
     if cfg.method == "lora":
         tes = (unwrap_model(family.text_encoder), unwrap_model(family.text_encoder_2)) if family.train_text_encoder else ()
         files = save_sdxl_lora(out_dir, unwrap_model(family.unet), tes, rank=cfg.lora.rank, alpha=cfg.lora.alpha,
