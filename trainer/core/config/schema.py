@@ -28,7 +28,7 @@ class ModelConfig:
         "",
         "The base model: a local diffusers folder, a single-file `.safetensors`/`.ckpt` checkpoint, a hub id "
         "(`stable-diffusion-v1-5/stable-diffusion-v1-5`, needs network), or `demo://tiny-sd` for the offline demo. "
-        "Detection: the torchvision architecture, one of " + ", ".join(f"`{a}`" for a in DETECTION_ARCHITECTURES)
+        "Detection: the architecture (torchvision's, or transformers' RT-DETR v2 / D-FINE), one of " + ", ".join(f"`{a}`" for a in DETECTION_ARCHITECTURES)
         + " (starting weights: `detection.weights`).",
     )
     config: Optional[str] = key(

@@ -10,8 +10,8 @@ import difflib
 from pathlib import Path
 
 from trainer.core.config.schema import Config
-from trainer.core.config.validate import DEMO_SCHEME, parse_devices
-from trainer.families.detection.architectures import ARCHITECTURES, NAMES
+from trainer.core.config.validate import DEMO_SCHEME, is_hub_id, parse_devices
+from trainer.families.detection.architectures import ARCHITECTURES, NAMES, TRANSFORMERS, Architecture
 
 AUGMENTATIONS = ("color", "zoom_out", "iou_crop")
 _CAPTIONS = "a detector reads no captions"
@@ -41,11 +41,15 @@ def detection_problems(config: Config, *, check_paths: bool = True) -> list[str]
     if config.data.resolution < 32:
         p.append(f"data.resolution: must be at least 32 for a detector (backbones downsample by 32), got "
                  f"{config.data.resolution}")
-    weights = d.weights
-    if weights == "coco" and arch in ARCHITECTURES and not ARCHITECTURES[arch].coco_weights:
-        p.append(f"detection.weights: {arch} has no COCO weights; use none (random init) or a local file")
-    elif weights not in WEIGHT_CHOICES and check_paths and not Path(weights).expanduser().is_file():
-        p.append(f"detection.weights: '{weights}' is not coco, none or an existing weights file (.pth/.safetensors)")
+    row = ARCHITECTURES.get(arch)
+    if row is not None and config.data.resolution % row.resolution_multiple:
+        p.append(f"data.resolution: {arch} needs a multiple of {row.resolution_multiple} (its image processor "
+                 f"resizes to a square the encoder divides by {row.resolution_multiple}), got "
+                 f"{config.data.resolution}")
+    p += _weights_problems(d.weights, row, check_paths)
+    if d.backbone_lr_scale is not None and not d.backbone_lr_scale > 0:
+        p.append(f"detection.backbone_lr_scale: must be greater than 0 (a fraction of train.lr), got "
+                 f"{d.backbone_lr_scale}; to freeze a torchvision backbone use detection.trainable_backbone_layers=0")
     layers = d.trainable_backbone_layers
     if layers is not None:
         top = ARCHITECTURES[arch].max_trainable_layers if arch in ARCHITECTURES else None
@@ -108,3 +112,27 @@ def _diffusion_only_problems(config: Config) -> list[str]:
         if value != default:
             p.append(f"{key}: not for detection: {why}; leave it at its default, {default!r}")
     return p
+
+
+def _weights_problems(weights: str, row: Architecture | None, check_paths: bool) -> list[str]:
+    if row is not None and weights == "coco" and not row.coco_weights:
+        return [f"detection.weights: {row.name} has no COCO weights; use none (random init) or a local file"]
+    if weights in WEIGHT_CHOICES:
+        return []
+    if row is not None and row.implementation == TRANSFORMERS:
+        if is_hub_id(weights) or not check_paths:
+            return []
+        path = Path(weights).expanduser()
+        if path.is_dir() and not (path / "config.json").is_file():
+            return [f"detection.weights: folder '{weights}' has no config.json; give a folder written by "
+                    "save_pretrained, a hub id, coco or none"]
+        if path.is_file() and path.suffix != ".safetensors":
+            return [f"detection.weights: '{weights}' is not a {row.model_type} checkpoint; {row.name} takes coco, "
+                    "none, a hub id, a save_pretrained folder or a .safetensors written by a detection run"]
+        if not path.exists():
+            return [f"detection.weights: '{weights}' is neither coco, none, a hub id (org/name) nor an existing "
+                    "folder or .safetensors file"]
+        return []
+    if check_paths and not Path(weights).expanduser().is_file():
+        return [f"detection.weights: '{weights}' is not coco, none or an existing weights file (.pth/.safetensors)"]
+    return []

@@ -10,19 +10,27 @@ from trainer.core.config.fields import key
 
 @dataclass
 class DetectionConfig:
-    """Object detection (`model.family: detection`, `method: full`): torchvision detectors, COCO/YOLO data, mAP."""
+    """Object detection (`model.family: detection`, `method: full`): torchvision detectors and transformers'
+    RT-DETR v2 / D-FINE, COCO/YOLO data, mAP."""
 
     weights: str = key(
         "coco",
-        "Starting weights: `coco` (torchvision's COCO-pretrained DEFAULT weights, downloaded once: needs network), "
-        "`none` (random initialisation), or a local file (a torchvision state dict `.pth`, or a `.safetensors` "
-        "written by this trainer). The classification head is replaced for the dataset's classes; pretrained "
-        "backbones get frozen BatchNorm.",
+        "Starting weights: `coco` (COCO-pretrained weights, downloaded once: torchvision's DEFAULT weights, or for "
+        "RT-DETR v2 / D-FINE the architecture's hub checkpoint), `none` (random initialisation; RT-DETR v2 / D-FINE "
+        "read their architecture from that checkpoint's config, except the demo's tiny ones), or a local file (a "
+        "torchvision state dict `.pth`, or a `.safetensors` written by this trainer). RT-DETR v2 / D-FINE also take "
+        "a hub id or a `save_pretrained` folder of a checkpoint of the same model type. The classification head is "
+        "replaced for the dataset's classes; pretrained backbones get frozen BatchNorm.",
     )
     trainable_backbone_layers: Optional[int] = key(
         None,
         "With pretrained weights, how many backbone stages train, counted from the top (0: frozen backbone; ResNet "
         "0-5, MobileNet 0-6). Unset: torchvision's default (3; SSDlite all). Random init trains everything.",
+    )
+    backbone_lr_scale: Optional[float] = key(
+        None,
+        "The backbone's learning rate as a fraction of `train.lr` (the classification CNN, without FPN or encoder). "
+        "Unset: the architecture's recipe (RT-DETR v2 / D-FINE 0.1, torchvision detectors 1).",
     )
     sync_batchnorm: bool = key(
         False, "Share trainable BatchNorm statistics across GPUs (SyncBatchNorm): CUDA only; helps small per-device "

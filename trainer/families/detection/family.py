@@ -1,11 +1,13 @@
-"""Object detection: torchvision detectors (Faster R-CNN, RetinaNet, FCOS, SSDlite, a tiny FCOS for the demo)
-fine-tuned on COCO or YOLO datasets, with COCO mAP evaluation, live prediction samples and the best checkpoint.
+"""Object detection: torchvision detectors (Faster R-CNN, RetinaNet, FCOS, SSDlite, a tiny FCOS for the demo) and
+transformers' RT-DETR v2 and D-FINE (behind the same interface, trainer.families.detection.detectors) fine-tuned
+on COCO or YOLO datasets, with COCO mAP evaluation, live prediction samples and the best checkpoint.
 
 The engine's plan applies unchanged (processes, accumulation, precision); what accumulation means depends on
 the detector: Faster R-CNN's losses are means over a fixed number of sampled anchors and proposals per image,
 so accumulated micro-batches give exactly the gradient of the full batch (for equal-size images and frozen
-BatchNorm); FCOS and RetinaNet divide by the number of foreground locations of each micro-batch, so
-accumulation is close to, not exactly, the big batch; trainable BatchNorm normalises each micro-batch alone.
+BatchNorm); FCOS and RetinaNet divide by the number of foreground locations of each micro-batch, and the DETRs
+match and normalise per micro-batch, so accumulation is close to, not exactly, the big batch (the row's
+`micro_batch_note`); trainable BatchNorm normalises each micro-batch alone.
 Autocast covers the training forward only: evaluation and samples run in fp32 (see detection_eval).
 """
 
@@ -25,7 +27,8 @@ from trainer.core.runfolder import RunFolder
 from trainer.errors import UserError
 from trainer.families.protocol import WorkerContext
 from trainer.families.detection.eval import compute_metrics, draw_pair, gather, pr_curve_image, predict
-from trainer.families.detection.models import build_detector, seed_samplers
+from trainer.families.detection.architectures import ARCHITECTURES
+from trainer.families.detection.detectors import build_detector, implementation
 
 FORMAT = "imagetune-detector"
 _AUGMENT_STREAM, _SAMPLER_STREAM = 0, 1
@@ -54,10 +57,14 @@ class DetectionFamily:
         require_usable(self.scan, cfg.data.path)
         self.classes = list(self.scan.classes)
         torch.manual_seed(cfg.seed)  # the same fresh head on every rank and every world size
+        self.arch = ARCHITECTURES[cfg.model.path]
+        self.impl = implementation(cfg.model.path)
         self.model, info = build_detector(cfg.model.path, len(self.classes), weights=d.weights,
                                           resolution=cfg.data.resolution, max_detections=d.max_detections,
-                                          trainable_backbone_layers=d.trainable_backbone_layers)
+                                          trainable_backbone_layers=d.trainable_backbone_layers,
+                                          class_names=self.classes)
         self.frozen_bn = info["frozen_bn"]
+        self.model_metadata: dict[str, str] = info["metadata"]
         if d.sync_batchnorm:
             if ctx.device.type != "cuda":
                 raise UserError("detection.sync_batchnorm needs CUDA GPUs (SyncBatchNorm refuses CPU modules); this "
@@ -70,10 +77,10 @@ class DetectionFamily:
                   f"backbone BatchNorm {'frozen' if self.frozen_bn else 'trained'}")
         plan = ctx.plan
         if plan.accumulation > 1:
-            if "fcos" in cfg.model.path or "retinanet" in cfg.model.path:
-                ctx.log_warning(f"accumulation {plan.accumulation}: {cfg.model.path} normalises each micro-batch of "
-                                f"{plan.per_device} by its own foreground count, so a step is close to, not exactly, "
-                                f"one batch of {plan.total}")
+            if self.arch.micro_batch_note:
+                ctx.log_warning(f"accumulation {plan.accumulation}: {cfg.model.path} {self.arch.micro_batch_note} "
+                                f"(micro-batches of {plan.per_device}), so a step is close to, not exactly, one batch "
+                                f"of {plan.total}")
             if info["trainable_bn"]:
                 seen = f"{plan.per_device} x {plan.world_size}" if d.sync_batchnorm else str(plan.per_device)
                 ctx.log_warning(f"accumulation {plan.accumulation}: {info['trainable_bn']} BatchNorm layers normalise "
@@ -87,12 +94,25 @@ class DetectionFamily:
         self.prepared = modules
 
     def param_groups(self) -> list[dict]:
-        return [{"params": [p for p in self.model.parameters() if p.requires_grad], "lr": self.cfg.train.lr}]
+        """The backbone at `detection.backbone_lr_scale` x train.lr (the DETR recipes' 0.1), the rest at train.lr."""
+        lr, scale = self.cfg.train.lr, self.cfg.detection.backbone_lr_scale
+        scale = self.arch.backbone_lr_scale if scale is None else scale
+        trained = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        backbone = [p for n, p in trained if n.startswith(self.impl.BACKBONE_PREFIX)]
+        rest = [p for n, p in trained if not n.startswith(self.impl.BACKBONE_PREFIX)]
+        if scale == 1 or not backbone:
+            return [{"params": [p for _, p in trained], "lr": lr}]
+        return [{"params": rest, "lr": lr}, {"params": backbone, "lr": lr * scale}]
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
-        """The whole state (parameters and BatchNorm statistics, fp32): a checkpoint is a complete detector."""
-        return {k: (v.detach().float() if v.is_floating_point() else v.detach()).cpu().contiguous()
-                for k, v in self.model.state_dict().items()}
+        """The whole state (parameters and BatchNorm statistics, fp32): a checkpoint is a complete detector.
+        Tied tensors (transformers' DETR heads) are stored once per name: safetensors refuses shared storage."""
+        state, seen = {}, set()
+        for k, v in self.model.state_dict().items():
+            v = (v.detach().float() if v.is_floating_point() else v.detach()).cpu().contiguous()
+            state[k] = v.clone() if v.untyped_storage().data_ptr() in seen else v
+            seen.add(v.untyped_storage().data_ptr())
+        return state
 
     def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
         own = self.model.state_dict()
@@ -129,11 +149,8 @@ class DetectionFamily:
             image, target = self.train_set.train_sample(item, position_seed(seed, position, _AUGMENT_STREAM))
             images.append(image.to(device))
             targets.append({k: v.to(device) for k, v in target.items()})
-        seed_samplers(self.model, [position_seed(seed, pos, _SAMPLER_STREAM) for pos, _, _ in samples])
-        try:
+        with self.impl.seeded(self.model, [position_seed(seed, pos, _SAMPLER_STREAM) for pos, _, _ in samples]):
             losses = self.prepared[0](images, targets)
-        finally:
-            seed_samplers(self.model, None)
         return sum(losses.values())
 
     # ---- evaluation and samples ---------------------------------------------------------------------------
@@ -194,7 +211,7 @@ class DetectionFamily:
         return {"format": FORMAT, "architecture": cfg.model.path, "classes": json.dumps(self.classes),
                 "resolution": str(cfg.data.resolution), "frozen_bn": str(int(self.frozen_bn)),
                 "max_detections": str(d.max_detections), "score_threshold": str(d.score_threshold),
-                "step": str(step), "detection_config": json.dumps(asdict(d))}
+                "step": str(step), "detection_config": json.dumps(asdict(d)), **self.model_metadata}
 
     def save_outputs(self, out_dir: Path, *, step: int) -> list[str]:
         import shutil

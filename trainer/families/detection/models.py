@@ -13,6 +13,7 @@ that is the head replacement. Faster R-CNN's random anchor/proposal sampling dra
 from __future__ import annotations
 
 from collections import OrderedDict
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -24,6 +25,7 @@ from trainer.errors import UserError
 from trainer.families.detection.architectures import ARCHITECTURES
 
 DEFAULT_TRAINABLE_LAYERS = 3  # torchvision's default for ResNet and MobileNet FPN backbones
+BACKBONE_PREFIX = "backbone.body."  # the classification CNN, without the FPN (detection.backbone_lr_scale)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -167,11 +169,13 @@ def freeze_stages(model: nn.Module, arch: str, trainable: int | None) -> None:
 
 def build_detector(arch: str, num_classes: int, *, weights: str = "none", resolution: int = 800,
                    trainable_backbone_layers: int | None = None, max_detections: int = 100,
-                   frozen_bn: bool | None = None) -> tuple[nn.Module, dict]:
+                   frozen_bn: bool | None = None, class_names: list[str] | None = None,
+                   saved: dict[str, str] | None = None) -> tuple[nn.Module, dict]:
     """A detector for labels 1..num_classes; `info` says what was loaded and what is frozen.
 
     `frozen_bn` (default: whether weights are pretrained) turns the backbone's BatchNorm into FrozenBatchNorm2d;
-    `load_detector` passes it to rebuild a saved model's exact structure."""
+    `load_detector` passes it to rebuild a saved model's exact structure (the common metadata is all a
+    torchvision detector needs: `class_names` and `saved` are for the interface, detectors.Implementation)."""
     model = _construct(arch, num_classes + 1, resolution)
     info: dict = {"architecture": arch, "weights": weights, "fresh": []}
     if weights != "none":
@@ -188,6 +192,7 @@ def build_detector(arch: str, num_classes: int, *, weights: str = "none", resolu
             old = owner.fg_bg_sampler
             owner.fg_bg_sampler = SeededSampler(old.batch_size_per_image, old.positive_fraction)
     info["trainable_bn"] = sum(isinstance(m, nn.BatchNorm2d) for m in model.modules())
+    info["metadata"] = {}
     return model, info
 
 
@@ -231,6 +236,16 @@ class SeededSampler(BalancedPositiveNegativeSampler):
             pos_idx.append(pos_mask)
             neg_idx.append(neg_mask)
         return pos_idx, neg_idx
+
+
+@contextmanager
+def seeded(model: nn.Module, seeds: list[int]):
+    """Faster R-CNN's samplers draw from the samples' seeds during this forward (the others draw nothing)."""
+    seed_samplers(model, seeds)
+    try:
+        yield
+    finally:
+        seed_samplers(model, None)
 
 
 def seed_samplers(model: nn.Module, seeds: list[int] | None) -> None:

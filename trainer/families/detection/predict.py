@@ -7,9 +7,10 @@
     # [{"box": [x1, y1, x2, y2], "label": 2, "name": "dog", "score": 0.93}, ...] in the image's pixels
     detector.draw("photo.jpg", boxes).save("photo-boxes.png")
 
-The file's metadata holds everything needed: the torchvision architecture, the class names (label i is
-classes[i - 1]), the resolution the detector was trained at (the image's longest side is resized to it, and
-the boxes scaled back), and the detection settings.
+The file's metadata holds everything needed: the architecture (for RT-DETR v2 / D-FINE also transformers' model
+config and image processor, so nothing is downloaded), the class names (label i is classes[i - 1]), the
+resolution the detector was trained at (the image's longest side is resized to it, and the boxes scaled back),
+and the detection settings.
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ def load_detector(path: str | Path, device: str | torch.device = "cpu") -> Detec
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    from trainer.families.detection.models import build_detector
+    from trainer.families.detection.architectures import ARCHITECTURES
+    from trainer.families.detection.detectors import build_detector
 
     path = Path(path).expanduser()
     if path.is_dir():
@@ -109,9 +111,12 @@ def load_detector(path: str | Path, device: str | torch.device = "cpu") -> Detec
     if meta.get("format") != "imagetune-detector":
         raise UserError(f"{path}: is not a detector written by this trainer (its metadata has no format "
                         "'imagetune-detector')")
+    if meta.get("architecture") not in ARCHITECTURES:
+        raise UserError(f"{path}: holds a {meta.get('architecture')!r} detector, which this version of the trainer "
+                        f"does not know (it knows {', '.join(ARCHITECTURES)}); load it with the version that wrote it")
     classes = json.loads(meta["classes"])
     model, _ = build_detector(meta["architecture"], len(classes), weights="none", resolution=int(meta["resolution"]),
                               max_detections=int(meta.get("max_detections", 100)),
-                              frozen_bn=meta.get("frozen_bn") == "1")
+                              frozen_bn=meta.get("frozen_bn") == "1", class_names=classes, saved=meta)
     model.load_state_dict(load_file(str(path)))
     return Detector(model.to(device), classes, int(meta["resolution"]), float(meta.get("score_threshold", 0.3)), meta)

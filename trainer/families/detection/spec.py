@@ -1,24 +1,26 @@
-"""Object detection with torchvision detectors (COCO / YOLO data, mAP), as the torch-free side sees it."""
+"""Object detection with torchvision detectors and transformers' RT-DETR v2 / D-FINE (COCO / YOLO data, mAP), as
+the torch-free side sees it."""
 
 from trainer.families.spec import FamilySpec
 
 SPEC = FamilySpec(
     name="detection",
-    title="torchvision object detectors; see `detection.*`",
+    title="object detectors: torchvision's and transformers' RT-DETR v2 / D-FINE; see `detection.*`",
     implementation="trainer.families.detection.family:DetectionFamily",
     methods=("full",),
     method_note="a detector is trained whole; set method=full (LoRA is for the diffusion families)",
     sharding=("ddp",),
-    sharding_note="a torchvision detector fits on one GPU; use sharding=auto or ddp",
+    sharding_note="a detector (the largest, RT-DETR v2 R101, has 76M parameters) fits on one GPU; use sharding=auto or ddp",
     section="detection",
     section_title="Object detection",
     checks="trainer.families.detection.checks:detection_problems",
     data_check="trainer.families.detection.data:check_detection_data",
     dataset_paths="trainer.families.detection.descriptors:descriptor_paths",
-    xformers=False,  # torchvision detectors have no attention to swap
+    xformers=False,  # torchvision detectors have no attention; the DETRs' deformable attention is their own
     resolution_multiple=None,  # checks.py: at least 32, any size (images keep their aspect ratio)
     bucket_multiple=None,
-    # model.path is an architecture name (architectures.py), not a file.
+    # model.path is an architecture name (architectures.py), not a file; detection.weights may be a hub id,
+    # which the workspace check lets through as it does for model.path elsewhere.
     path_keys=("data.path", "detection.images", "detection.val_path", "detection.weights"),
     path_exceptions={"detection.weights": ("coco", "none")},
     # The starting weights decide frozen BatchNorm and frozen stages (the optimizer's parameters); the
