@@ -51,7 +51,6 @@ class RunsTab:
     log: gr.Textbox
     seen: gr.State
     timer: gr.Timer
-    polled: gr.State
 
 
 def build(ctx) -> RunsTab:
@@ -104,7 +103,7 @@ def build(ctx) -> RunsTab:
                          elem_id="run-log")
     return RunsTab(table, select, header, failed, progress, stop, resume, resume_overrides, delete, kill, confirm_row,
                    confirm_text, confirm_yes, confirm_no, message, loss_plot, lr_plot, eval_plot, eval_info, latest, every,
-                   outputs, log, gr.State({}), gr.Timer(POLL_S), gr.State(""))
+                   outputs, log, gr.State({}), gr.Timer(POLL_S))
 
 
 def _frame(series: dict, column: str) -> pd.DataFrame:
@@ -277,9 +276,30 @@ def render(data: dict, seen: dict) -> list:
     return out
 
 
+def refresh(ctx, name: str | None, seen: dict | None) -> list:
+    """Updates for RunsTab.outputs() showing run `name` now, relative to `seen` (what is on screen)."""
+    # The fingerprint is taken before the snapshot (a change in between re-renders on the next tick) and travels
+    # in `seen` with what was rendered. Responses can arrive out of order (a queued Stop's refresh after a later
+    # tick's); whichever lands last, the next tick compares against what is on screen. With the fingerprint kept
+    # apart, a stale 'stopping' that landed after the tick that rendered 'stopped' stayed for good (seen on CI).
+    now = R.fingerprint(ctx.jobs.runs_dir, name)
+    return render({**snapshot(ctx, name), "fingerprint": now}, seen or {})
+
+
+def tick(ctx, name: str | None, seen: dict | None) -> list:
+    """The timer's poll: nothing (gr.skip() everywhere) while the runs folder's fingerprint is what `seen` shows."""
+    if R.fingerprint(ctx.jobs.runs_dir, name) == (seen or {}).get("fingerprint"):
+        return [gr.skip()] * len(OUTPUT_NAMES)
+    return refresh(ctx, name, seen)
+
+
+# What render() updates, in its order.
+OUTPUT_NAMES = ("table", "select", "header", "failed", "progress", "stop", "resume", "delete", "kill", "loss_plot",
+                "lr_plot", "eval_plot", "eval_info", "latest", "every", "outputs", "log", "seen")
+
+
 def outputs_of(t: RunsTab) -> list:
-    return [t.table, t.select, t.header, t.failed, t.progress, t.stop, t.resume, t.delete, t.kill, t.loss_plot,
-            t.lr_plot, t.eval_plot, t.eval_info, t.latest, t.every, t.outputs, t.log, t.seen]
+    return [getattr(t, name) for name in OUTPUT_NAMES]
 
 
 def pick_default(ctx) -> str | None:
@@ -292,21 +312,16 @@ def pick_default(ctx) -> str | None:
 def wire(ctx, t: RunsTab) -> None:
     outs = outputs_of(t)
 
-    def refresh(name, seen):
-        return render(snapshot(ctx, name), seen or {})
+    def refresh_(name, seen):
+        return refresh(ctx, name, seen)
 
     # Each tick fingerprints the runs folder (sizes, pids) and re-renders only when that changed, sending only the
     # parts that changed. Outside Gradio's queue: its per-event streaming costs the browser far more than this call.
-    def tick(name, seen, last):
-        now = R.fingerprint(ctx.jobs.runs_dir, name)
-        if now == last:
-            return [gr.skip()] * len(outs) + [gr.skip()]
-        return [*refresh(name, seen), now]
+    t.timer.tick(lambda name, seen: tick(ctx, name, seen), inputs=[t.select, t.seen], outputs=outs,
+                 show_progress="hidden", trigger_mode="once", queue=False)
 
-    t.timer.tick(tick, inputs=[t.select, t.seen, t.polled], outputs=[*outs, t.polled], show_progress="hidden",
-                 trigger_mode="once", queue=False)
     def on_select(evt: gr.SelectData):  # the chosen run comes with the event (a dropdown's value may lag)
-        return [*refresh(evt.value, {}), ""]
+        return [*refresh_(evt.value, {}), ""]
 
     t.select.select(on_select, outputs=[*outs, t.message], show_progress="hidden")
 
@@ -315,9 +330,9 @@ def wire(ctx, t: RunsTab) -> None:
         return row[0] if row else gr.skip()
 
     t.table.select(on_table_select, outputs=[t.select]).then(
-        lambda name: refresh(name, {}), inputs=[t.select], outputs=outs, show_progress="hidden")
+        lambda name: refresh_(name, {}), inputs=[t.select], outputs=outs, show_progress="hidden")
 
-    ctx.blocks.load(lambda: refresh(pick_default(ctx), {}), outputs=outs, show_progress="hidden", api_name="runs")
+    ctx.blocks.load(lambda: refresh_(pick_default(ctx), {}), outputs=outs, show_progress="hidden", api_name="runs")
 
     def act(fn, done: str):
         def handler(name, *args):
@@ -328,7 +343,7 @@ def wire(ctx, t: RunsTab) -> None:
             return f'<div class="msg-box ok">{html.escape(done.format(name=name))}</div>'
         return handler
 
-    then = dict(fn=lambda name, seen: refresh(name, seen), inputs=[t.select, t.seen], outputs=outs,
+    then = dict(fn=lambda name, seen: refresh_(name, seen), inputs=[t.select, t.seen], outputs=outs,
                 show_progress="hidden")
     t.stop.click(act(ctx.jobs.stop, "Stopping {name}: it saves a checkpoint at the end of this step, then shows "
                                     "'stopped'."), inputs=[t.select], outputs=[t.message]).then(**then)
@@ -356,4 +371,4 @@ def wire(ctx, t: RunsTab) -> None:
         return gr.update(visible=False), message, pick_default(ctx)
 
     t.confirm_yes.click(do_delete, inputs=[t.select], outputs=[t.confirm_row, t.message, t.select]).then(
-        lambda name: refresh(name, {}), inputs=[t.select], outputs=outs, show_progress="hidden")
+        lambda name: refresh_(name, {}), inputs=[t.select], outputs=outs, show_progress="hidden")

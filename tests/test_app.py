@@ -290,6 +290,25 @@ def test_runs_page_sends_only_what_changed(tmp_path):
     assert all(u == {"__type__": "update"} for u in again[:-1])  # gr.skip() everywhere
 
 
+def test_a_stale_response_landing_last_is_corrected_by_the_next_tick(tmp_path):
+    """Responses can land out of order (a queued Stop's refresh after a later tick's): the page must not stay on
+    the stale one. The fingerprint travels in `seen`, so the next tick compares with what is on screen."""
+    from app import ui_runs
+    from app.jobs import HardwareCache, Jobs
+
+    run = write_run(tmp_path, "r", [PLAN, progress(1, 0.9)])
+    ctx = type("Ctx", (), {"jobs": Jobs(tmp_path, HardwareCache(hw=CPU))})()
+    header = ui_runs.OUTPUT_NAMES.index("header")
+    stale = ui_runs.refresh(ctx, "r", {})  # rendered while the run was at step 1
+    with open(run / "events.jsonl", "a") as f:
+        f.write(json.dumps({"type": "stopped", "step": 1, "checkpoint": None}) + "\n")
+    latest = ui_runs.tick(ctx, "r", stale[-1])  # the tick that saw it end
+    assert "stopped" in latest[header]
+    assert all(u == {"__type__": "update"} for u in ui_runs.tick(ctx, "r", latest[-1]))  # nothing new: skipped
+    corrected = ui_runs.tick(ctx, "r", stale[-1])  # the stale response landed last: the screen shows it
+    assert "stopped" in corrected[header]
+
+
 @pytest.fixture
 def detection_run(tmp_path):
     """runs/detector/ of a detection fine-tune (synthetic events, no torch) evaluated at steps 5 and 10, done;

@@ -115,6 +115,11 @@ def test_newcomer_runs_the_demo_end_to_end(page, app):
     except BaseException:
         shot(page, "99-at-failure", full_page=True)  # what the page showed when it went wrong
         print(f"app log (last lines):\n{app.log()}", flush=True)
+        for run in sorted(app.runs_dir.glob("*/events.jsonl")):  # how far each run got, and what it printed last
+            events = run.read_text().splitlines()
+            log = run.with_name("train.log")
+            tail = log.read_text(errors="replace").splitlines()[-15:] if log.exists() else []
+            print(f"{run.parent.name}: last events:\n" + "\n".join(events[-5:]) + "\ntrain.log:\n" + "\n".join(tail))
         raise
     finally:
         stage.save()

@@ -208,6 +208,29 @@ Root Cause (first observed failure):\n[0]:\n  time      : x\n  host      : h\n  
     assert parse_root_cause("no summary here") is None
 
 
+def summary(root: tuple[int, int], *others: tuple[int, int]) -> str:
+    """torchrun's failure summary (its own template) for (rank, exitcode) pairs."""
+    def entry(i, rank, code):
+        return (f"[{i}]:\n  time      : 2026-12-02_01:00:00\n  host      : h\n  rank      : {rank} (local_rank: {rank})\n"
+                f"  exitcode  : {code} (pid: {100 + rank})\n  error_file: <N/A>\n  traceback : x")
+    listed = "\n".join(entry(i + 1, *o) for i, o in enumerate(others)) or "  <NO_OTHER_FAILURES>"
+    return (f"====\nworker.py FAILED\n----\nFailures:\n{listed}\n----\n"
+            f"Root Cause (first observed failure):\n{entry(0, *root)}\n====")
+
+
+def test_a_rank_killed_by_a_signal_is_the_root_cause_even_when_torchrun_ties_it_with_its_victim():
+    # torchrun's timestamps are whole seconds: a SIGKILLed rank 1 and rank 0 failing on the closed connection in
+    # the same second tie, and torchrun names rank 0. The killed rank is the cause.
+    cause = parse_root_cause(summary((0, 1), (1, -9)))
+    assert (cause.rank, cause.exitcode) == (1, -9)
+    # A rank torchrun itself terminated (SIGTERM) is not a cause; nor is an error exit listed second.
+    assert parse_root_cause(summary((0, 1), (1, -15))).rank == 0
+    assert parse_root_cause(summary((2, -11), (0, -9))).rank == 2
+    assert parse_root_cause(summary((1, 1))).rank == 1
+    # Only the last summary counts (train.log keeps every launch's).
+    assert parse_root_cause(summary((0, 1), (1, -9)) + "\n" + summary((3, 1))).rank == 3
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Resume (no processes)
 

@@ -21,21 +21,37 @@ class RankFailure:
     exitcode: int
 
 
-# torchrun's summary: "Root Cause (first observed failure):" then "rank : 1 (local_rank: 1)" and
-# "exitcode : -9 (pid: 123)". Only the root cause names the rank that failed first; the others were stopped.
-_ROOT = re.compile(
-    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*"
-    r"exitcode\s*:\s*(-?\d+)",
-    re.S,
-)
+# torchrun's summary: "Failures:" (the other ranks, or <NO_OTHER_FAILURES>), then "Root Cause (first observed
+# failure):", each entry with "rank : 1 (local_rank: 1)" and "exitcode : -9 (pid: 123)".
+_ENTRY = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*exitcode\s*:\s*(-?\d+)")
+_ROOT_HEADER = "Root Cause (first observed failure):"
+# Signals that end a rank from outside or by a crash of its own; a peer's death never causes them. A rank whose
+# peer died exits with an error (gloo: "Connection closed by peer", code 1) or, tearing down, SIGABRT.
+_FIRST_HAND = (-signal.SIGKILL, -signal.SIGSEGV, -signal.SIGBUS, -signal.SIGILL, -signal.SIGFPE)
 
 
 def parse_root_cause(text: str) -> RankFailure | None:
-    matches = list(_ROOT.finditer(text))
-    if not matches:
+    """The rank that failed first, from the last torchrun summary in `text`.
+
+    torchrun's own "Root Cause" is the failure with the earliest timestamp, but its timestamps are whole seconds
+    (torch.distributed.elastic ProcessFailure): when rank 1 is SIGKILLed (the OOM killer) and rank 0 then exits
+    with "Connection closed by peer" within the same second, the tie goes to rank 0 and the summary blames the
+    survivor (seen on CI: "Rank 0 exited with code 1" for a run whose rank 1 was killed). So a rank killed by a
+    first-hand signal (_FIRST_HAND) is the root cause whatever torchrun put first."""
+    at = text.rfind(_ROOT_HEADER)
+    if at < 0:
         return None
-    rank, local_rank, code = matches[-1].groups()
-    return RankFailure(int(rank), int(local_rank), int(code))
+    start = text.rfind("Failures:", 0, at)
+    previous = text.rfind(_ROOT_HEADER, 0, at)
+    others = text[start:at] if start > previous else ""
+    root = _ENTRY.search(text, at)
+    if root is None:
+        return None
+    failures = [RankFailure(*map(int, m.groups())) for m in _ENTRY.finditer(others)]
+    torchruns_choice = RankFailure(*map(int, root.groups()))
+    if torchruns_choice.exitcode in _FIRST_HAND:
+        return torchruns_choice
+    return next((f for f in failures if f.exitcode in _FIRST_HAND), torchruns_choice)
 
 
 def _describe_exit(exitcode: int) -> str:

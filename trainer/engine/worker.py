@@ -207,10 +207,8 @@ def exit_now(code: int) -> None:
 
 
 if __name__ == "__main__":
-    code = main()
-    if code:
-        # A failing rank keeps the interpreter's ordinary exit: torchrun's agent must see the rank that failed first
-        # (a SIGKILLed one) before this one's consequent exit, or the run's failure names the wrong root cause
-        # (measured: tests/test_engine.py's killed rank was reported as rank 0 under load with an immediate exit).
-        sys.exit(code)
-    exit_now(0)
+    # A failing rank ends the same way: its traceback and events are written, and the interpreter's teardown with
+    # a live process group sometimes turned its exit 1 into SIGABRT. Which rank failed first is read from
+    # torchrun's summary, preferring a rank killed by a signal (trainer.core.failures.parse_root_cause), so a
+    # consequent error exit racing the killed rank's no longer decides the report.
+    exit_now(main())
