@@ -318,7 +318,7 @@ def wire(ctx, t: RunsTab) -> None:
     # Each tick fingerprints the runs folder (sizes, pids) and re-renders only when that changed, sending only the
     # parts that changed. Outside Gradio's queue: its per-event streaming costs the browser far more than this call.
     t.timer.tick(lambda name, seen: tick(ctx, name, seen), inputs=[t.select, t.seen], outputs=outs,
-                 show_progress="hidden", trigger_mode="once", queue=False)
+                 show_progress="hidden", trigger_mode="once", queue=False, api_name="tick")
 
     def on_select(evt: gr.SelectData):  # the chosen run comes with the event (a dropdown's value may lag)
         return [*refresh_(evt.value, {}), ""]
