@@ -6,6 +6,11 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the suite may reach the hub
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One OpenMP thread per process, here and in every run the suite launches (the launcher passes it on): the suite
+# runs on two pytest-xdist workers (pyproject's addopts), and on 2 cores two-thread processes side by side spend
+# their time waiting for each other. Measured on 2 cores (test_demo_presets + test_presets_run + test_flux_sd3):
+# serial 155 s with one thread or two; two workers 94 s with one thread, 286 s with two.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # a fault switch left in the shell would crash or stop every run the suite launches (tests set it per launch)
 os.environ.pop("IMAGETUNE_FAULT", None)
 
