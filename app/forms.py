@@ -52,6 +52,7 @@ LABELS = {
     "sample.prompts": "Sample prompts (one per line)", "name": "Run name", "checkpoint.every": "Checkpoint every N steps",
     "data.val_split": "Validation split (held-out share)", "data.val_path": "Validation images folder",
     "data.masks": "Loss masks (alpha or a folder)",
+    "data.datasets": "Several folders (YAML list; instead of the folder above)",
 }
 # Keys a newcomer rarely touches: the form tucks them into a closed "More ... settings" panel of their group.
 ADVANCED = {
@@ -63,7 +64,7 @@ ADVANCED = {
     "data.bucket_step", "data.bucket_max_aspect", "data.bucket_min_side", "data.bucket_max_side",
     "data.caption_dropout", "data.shuffle_tags", "data.keep_tokens", "train.loss", "train.huber_delta",
     "train.input_perturbation", "model.zero_terminal_snr",
-    "lora.factor", "lora.ema_decay",
+    "lora.factor", "lora.ema_decay", "data.datasets",
 }
 DEVICE_CHOICES = ["auto", "cpu:1", "cpu:2"]
 TRISTATE = {"default": None, "yes": True, "no": False}  # an Optional[bool]: unset means "the engine decides"
@@ -120,6 +121,8 @@ def _kind(tp: Any, choices) -> tuple[str, bool]:
         return "text", optional
     if typing.get_origin(tp) is list:
         inner = (typing.get_args(tp) or (str,))[0]
+        if is_dataclass(inner):  # data.datasets: a list of mappings, typed as YAML
+            return "yaml", optional
         return ("floats" if inner in (float, int) else "lines"), optional
     return "yaml", optional  # Any, Union[int, str]: typed as YAML (`auto`, `2`, `[0, 1]`, `cpu:2`)
 
@@ -224,6 +227,8 @@ def from_widget(spec: FieldSpec, raw: Any) -> Any:
     if spec.kind == "lines":
         return [line.strip() for line in text.splitlines() if line.strip()]
     if not text.strip():
+        if spec.kind == "yaml" and isinstance(spec.default, list):
+            return []  # data.datasets emptied: none (data.path is used)
         return None if spec.optional or spec.kind in ("float", "yaml") else ""
     if spec.kind == "float":
         value = _number(text.strip())

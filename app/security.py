@@ -127,14 +127,16 @@ class Workspace:
         """Problems of the form's raw values (so they are marked at their field even when the config does not
         build); `built_problems` checks what a run would really use."""
         family = values.get("model.family")
-        return [p for key in PATH_KEYS if (p := self.problem(key, _path_value(key, values.get(key), family)))]
+        problems = [p for key in PATH_KEYS if (p := self.problem(key, _path_value(key, values.get(key), family)))]
+        return problems + [p for key, text in dataset_entry_paths(values.get("data.datasets"))
+                           if (p := self.problem(key, text))]
 
     def built_problems(self, config) -> list[str]:
         """Everything an exposed UI refuses in a built Config: paths outside the workspace (its path keys and the
         files a dataset descriptor names) and multi-node settings."""
         if not self.confined:
             return []
-        values = {key: _select(config, key) for key in PATH_KEYS}
+        values = {key: _select(config, key) for key in (*PATH_KEYS, "data.datasets")}
         problems = self.config_problems({**values, "model.family": config.model.family})
         spec = SPECS.get(config.model.family)
         if not problems and spec is not None and spec.dataset_paths:
@@ -149,6 +151,17 @@ class Workspace:
         problems = self.built_problems(config)
         if problems:
             raise UserError("Refused: " + "; ".join(problems) + ".")
+
+
+def dataset_entry_paths(entries) -> list[tuple[str, str]]:
+    """(key, path) of each data.datasets entry: mappings as the form holds them, or the built DatasetEntry objects.
+    Anything else (text the YAML could not parse) names no path; the engine reports it."""
+    out = []
+    for i, entry in enumerate(entries if isinstance(entries, list) else []):
+        path = entry.get("path") if isinstance(entry, dict) else getattr(entry, "path", None)
+        if isinstance(path, str):
+            out.append((f"data.datasets[{i}].path", path))
+    return out
 
 
 def _select(config, key: str):

@@ -64,6 +64,15 @@ def resolve_paths(config: Config, runs_dir: str | Path) -> Config:
         value = _get(config, key)
         if spec.is_path(key, value) and not value.startswith(DEMO_SCHEME) and not is_hub_id(value):
             _set(config, key, str(Path(value).expanduser().resolve()))
+    for i, entry in enumerate(config.data.datasets):  # data.datasets: each entry's folder, like data.path
+        if entry.path.startswith(DEMO_SCHEME):
+            name = entry.path[len(DEMO_SCHEME):]
+            if name not in demo_builders():
+                raise UserError(f"data.datasets[{i}].path: unknown demo asset '{name}'; the demo has "
+                                + ", ".join(f"demo://{a}" for a in demo_builders()) + ".")
+            entry.path = str(demo_assets(Path(runs_dir).expanduser().resolve() / DEMO_DIR, [name])[name])
+        elif entry.path:
+            entry.path = str(Path(entry.path).expanduser().resolve())
     return config
 
 

@@ -89,24 +89,32 @@ class Plan:
         return cls(**data)
 
     def with_buckets(self, config: Config, scan) -> "Plan":
-        """This plan listing the aspect-ratio buckets of `scan` (trainer.core.data.scan) when data.bucketing is on, with
-        a note naming the buckets that hold fewer images than one step's batch."""
-        if not (config.data.bucketing and spec_of(config.model.family).bucket_multiple and getattr(scan, "items", None)):
+        """This plan listing the shapes the images of `scan` (trainer.core.data.scan) train at when there can be
+        several (data.bucketing, data.datasets), with a note naming the shapes that hold fewer images than one
+        step's batch."""
+        data = config.data
+        if not ((data.bucketing or data.datasets) and spec_of(config.model.family).bucket_multiple
+                and getattr(scan, "items", None)):
             return self
+        from collections import Counter
         from dataclasses import replace
 
-        from trainer.core.data.buckets import BucketSpec, bucket_counts
+        from trainer.core.data.sources import image_targets
 
-        spec = BucketSpec.from_config(config.data)
-        rows = tuple(bucket_counts([(i.width, i.height) for i in scan.items], spec))
-        expanded = bucket_counts([(i.width, i.height) for i in scan.items for _ in range(i.repeats)], spec)
-        small = [f"{w}x{h} ({n})" for w, h, n in expanded if n < self.total]
+        targets = image_targets(scan.items, data, True)
+        images, expanded = Counter(targets), Counter()
+        for item, target in zip(scan.items, targets):
+            expanded[target] += item.repeats
+
+        def fullest_first(counts):
+            return [(w, h, n) for (w, h), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0][0] / kv[0][1]))]
+
+        small = [f"{w}x{h} ({n})" for w, h, n in fullest_first(expanded) if n < self.total]
         notes = self.notes
         if small:
             notes += (f"buckets with fewer images than batch {self.total} repeat some of them within a step: "
                       f"{', '.join(small)}",)
-        return replace(self, buckets=rows, notes=notes)
-
+        return replace(self, buckets=tuple(fullest_first(images)), notes=notes)
 
     def with_held_out(self, scan) -> "Plan":
         """This plan counting the images `scan` (trainer.core.data.holdout.training_scan) keeps out of training."""

@@ -25,6 +25,8 @@ MIGRATIONS: dict[int, Callable[[dict], dict]] = {}
 _LEAF_KEYS = {name for name, _ in iter_keys()}
 
 
+_ENTRY_LISTS = {"data.datasets"}
+
 INTERPOLATION = "${"
 
 
@@ -151,7 +153,8 @@ def build_config(raw: dict) -> tuple[Config, list[str]]:
             problems.append(f"{name}: unknown key{_suggest(name)}")
             continue
         try:
-            OmegaConf.update(base, name, value, merge=False)
+            # A list of mappings (data.datasets) is merged into its typed entries, which checks each entry's keys.
+            OmegaConf.update(base, name, value, merge=name in _ENTRY_LISTS)
         except OmegaConfBaseException as exc:
             msg = str(exc).splitlines()[0]
             problems.append(f"{name}: {msg}")

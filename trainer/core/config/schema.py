@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any, Optional, Union
 
+from trainer.core.config.datasets import DatasetEntry
 from trainer.core.config.fields import key
 from trainer.families import SPECS  # torch-free: the registry of family specs
 from trainer.families.detection.architectures import NAMES as DETECTION_ARCHITECTURES
@@ -164,6 +165,12 @@ class DataConfig:
         "`.json` file, a YOLO `data.yaml`, or a folder holding `data.yaml` or `train.json` (+ `val.json`); "
         "`demo://shapes-coco` is the offline detection demo set.",
     )
+    datasets: list[DatasetEntry] = field(default_factory=list, metadata={"help": (
+        "Several image folders in one run instead of data.path, each a mapping with its own `path`, `repeats`, "
+        "`resolution`, `flip`, `instance_prompt`, `caption_extension`, caption settings (`caption_prefix`, "
+        "`caption_dropout`, `shuffle_tags`, `keep_tokens`) and `is_regularization`; what an entry leaves unset "
+        "is the data.* key of that name. E.g. `[{path: dog, repeats: 2}, {path: style, resolution: 768}, "
+        "{path: reg, is_regularization: true}]`. Diffusion families only."), "choices": None, "group": None})
     instance_prompt: Optional[str] = key(None, "Caption for images that have none (e.g. `a photo of sks dog`).")
     caption_extension: str = key(".txt", "Extension of caption files next to the images.")
     resolution: int = key(512, "Training resolution in pixels (square); a multiple of 8. Detection: the longest "

@@ -29,12 +29,15 @@ def held_out_count(images: int, fraction: float) -> int:
 
 def _rank(seed: int, root: str, item: ImageItem) -> bytes:
     relative = os.path.relpath(item.path, root).replace(os.sep, "/") if root else item.path
+    if item.dataset:  # data.datasets: the same relative path in two folders is two images
+        relative = f"{item.dataset}:{relative}"
     return hashlib.sha256(f"{seed}\0{relative}".encode()).digest()
 
 
 def split(items: list[ImageItem], fraction: float, *, seed: int,
-          root: str = "") -> tuple[list[ImageItem], list[ImageItem]]:
-    """(training, held out), each in the scan's order. Raises UserError when either side would be empty."""
+          root: str = "", roots: dict[int, str] | None = None) -> tuple[list[ImageItem], list[ImageItem]]:
+    """(training, held out), each in the scan's order. Raises UserError when either side would be empty. An
+    image's place in the draw is a hash of its path relative to `root`, or to `roots[item.dataset]`."""
     count = held_out_count(len(items), fraction)
     if count == 0:
         return list(items), []
@@ -44,23 +47,30 @@ def split(items: list[ImageItem], fraction: float, *, seed: int,
             f"{root or 'data.path'} holds out {count}, which leaves none to train on. At least one image must "
             "stay for training: lower data.val_split, add images to data.path, or put validation images in a "
             "folder of their own and set data.val_path instead (with data.val_split=0).")
-    chosen = set(sorted(range(len(items)), key=lambda i: _rank(seed, root, items[i]))[:count])
+    def rank(item: ImageItem) -> bytes:
+        return _rank(seed, (roots or {}).get(item.dataset, root), item)
+
+    chosen = set(sorted(range(len(items)), key=lambda i: rank(items[i]))[:count])
     return ([item for i, item in enumerate(items) if i not in chosen],
             [item for i, item in enumerate(items) if i in chosen])
 
 
 def training_scan(config, *, resolution: int | None = None) -> DatasetScan:
-    """data.path scanned and required usable, less its held-out images, which `held_out` lists (from
-    data.val_split, or the scan of data.val_path); warnings of the validation folder are prefixed `val: `.
-    Raises UserError for a dataset (or a validation folder) that cannot be used."""
+    """The run's training folders (data.path, or data.datasets: trainer.core.data.sources) scanned and required
+    usable, less their held-out images, which `held_out` lists (from data.val_split, or the scan of
+    data.val_path); warnings of the validation folder are prefixed `val: `. `resolution`: warn about images
+    smaller than it (each folder's own resolution with data.datasets). Raises UserError for a folder that cannot
+    be used."""
+    from trainer.core.data.sources import scan_sources, sources
+
     data = config.data
-    options = dict(instance_prompt=data.instance_prompt, caption_extension=data.caption_extension,
-                   resolution=resolution)
-    scan = scan_dataset(data.path, **options)
-    require_usable(scan)
+    scan = scan_sources(data, check_resolution=resolution is not None)
     if data.val_path:
-        val = scan_dataset(data.val_path, **options)
+        val = scan_dataset(data.val_path, instance_prompt=data.instance_prompt,
+                           caption_extension=data.caption_extension, resolution=resolution)
         require_usable(val, key="data.val_path")
         return replace(scan, held_out=val.items, warnings=scan.warnings + [f"val: {w}" for w in val.warnings])
-    training, held = split(scan.items, data.val_split, seed=config.seed, root=scan.root)
+    roots = {i: s.path for i, s in enumerate(sources(data))} if data.datasets else None
+    training, held = split(scan.items, data.val_split, seed=config.seed, root=scan.root,
+                           roots={i: os.path.abspath(os.path.expanduser(r)) for i, r in roots.items()} if roots else None)
     return replace(scan, items=training, held_out=held)

@@ -64,7 +64,7 @@ def check_masks(config, scan: DatasetScan) -> list[str]:
     if not masks:
         return []
     items = scan.items + scan.held_out
-    roots = [scan.root, config.data.val_path]
+    roots = [*(scan.roots or [scan.root]), config.data.val_path]
     if masks == ALPHA:
         without = [item for item in items if not _item_has_alpha(item)]
         if not without:

@@ -46,6 +46,8 @@ class ImageItem:
     repeats: int
     width: int
     height: int
+    dataset: int = 0
+    """Index of its folder in the run's sources (trainer.core.data.sources): data.datasets' order; 0 for data.path."""
 
 
 @dataclass
@@ -59,6 +61,10 @@ class DatasetScan:
     root: str = ""
     held_out: list[ImageItem] = field(default_factory=list)
     """Images kept out of `items` for the validation loss (trainer.core.data.holdout); empty without one."""
+    roots: list[str] = field(default_factory=list)
+    """Every training folder of the run (data.datasets), `root` first; empty for a single folder's scan."""
+    regularization: list[ImageItem] = field(default_factory=list)
+    """The regularization folders' images (data.datasets' is_regularization): prior preservation's."""
 
     @property
     def image_count(self) -> int:

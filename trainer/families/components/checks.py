@@ -9,6 +9,7 @@ from pathlib import Path
 from trainer.core.config.schema import TrainConfig
 from trainer.core.config.validate import DEMO_SCHEME, is_hub_id
 from trainer.core.data.masks import ALPHA
+from trainer.families.components.dataset_checks import dataset_problems
 
 
 def model_path_problem(key: str, path: str) -> str | None:
@@ -27,15 +28,11 @@ def diffusion_checks(config, *, check_paths: bool = True) -> list[str]:
     """model.path / model.config name a model; data.path a folder of captioned images; the held-out images;
     caption augmentation, masks and the loss."""
     p = held_out_problems(config, check_paths=check_paths) + augmentation_problems(config, check_paths=check_paths)
+    p += dataset_problems(config, check_paths=check_paths)
     if not check_paths:
         return p
     p += [q for key, value in (("model.path", config.model.path), ("model.config", config.model.config))
           if (key == "model.path" or value) and (q := model_path_problem(key, value))]
-    data = config.data.path
-    if not data:
-        p.append("data.path: is empty; set it to a folder of training images")
-    elif not data.startswith(DEMO_SCHEME) and not Path(data).expanduser().is_dir():
-        p.append(f"data.path: folder '{data}' does not exist; point it at a folder of images")
     return p
 
 

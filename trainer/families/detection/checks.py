@@ -24,6 +24,7 @@ DIFFUSION_ONLY = {
     "train.loss": _DENOISING, "train.huber_delta": _DENOISING, "train.input_perturbation": _DENOISING,
     "train.noise_offset": _DENOISING, "train.min_snr_gamma": _DENOISING,
     "model.zero_terminal_snr": "it rescales the diffusion families' noise schedule",
+    "data.datasets": "a detection dataset is one COCO or YOLO description in data.path (its splits included)",
 }
 WEIGHT_CHOICES = ("coco", "none")
 

@@ -208,7 +208,7 @@ class FlowTransformerTrainer:
         at every step when shuffled tags make almost every caption new (kept, they would fill the memory)."""
         if self.text_cache is not None:
             return self.text_cache.stack(captions)
-        if not self.data.augment.cacheable:
+        if not self.data.cacheable:
             rows = [self.model.encode_caption(caption) for caption in captions]
             return {k: torch.cat([row[k] for row in rows]) for k in rows[0]}
         for caption in captions:

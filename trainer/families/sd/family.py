@@ -91,7 +91,7 @@ class StableDiffusionFamily:
             return self.tokens[caption]
         ids = self.tokenizer(caption, padding="max_length", truncation=True, max_length=self.tokenizer.model_max_length,
                              return_tensors="pt").input_ids[0]
-        if self.data.augment.cacheable:
+        if self.data.cacheable:
             self.tokens[caption] = ids
         return ids
 

@@ -148,7 +148,7 @@ class StableDiffusionXLFamily:
             left, top = room_x // 2, room_y // 2
         else:  # replays load_image_tensor's draws: the flip coin (when flipping), then left, then top
             rng = sample_rng(cfg.seed, epoch, expanded_index)
-            if cfg.data.flip:
+            if self.data.flips(image_index, kind):
                 flip_drawn(rng)
             left, top = _integer(rng, room_x), _integer(rng, room_y)
         return [item.height, item.width, top, left, th, tw]
