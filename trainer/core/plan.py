@@ -102,7 +102,7 @@ class Plan:
         from trainer.core.data.sources import image_targets
 
         targets = image_targets(scan.items, data, True)
-        images, expanded = Counter(targets), Counter()
+        images, expanded = Counter(targets), Counter[tuple[int, int]]()
         for item, target in zip(scan.items, targets):
             expanded[target] += item.repeats
 

@@ -21,8 +21,9 @@ def dataset_problems(config, *, check_paths: bool = True) -> list[str]:
     from trainer.families import SPECS  # the registry imports the families' specs, which import these checks
 
     spec = SPECS.get(config.model.family)
-    resolution_multiple = (spec.bucket_multiple if config.data.bucketing else 0) or (spec.resolution_multiple if spec
-                                                                                      else 0) or 8
+    resolution_multiple = 8  # an unknown family (reported elsewhere): the VAEs' downsampling
+    if spec is not None:
+        resolution_multiple = (spec.bucket_multiple if config.data.bucketing else 0) or spec.resolution_multiple or 8
     data, p = config.data, []
     if not data.datasets:
         problem = _folder_problem("data.path", data.path) if check_paths else None
