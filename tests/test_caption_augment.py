@@ -157,7 +157,7 @@ def test_flux_encodes_shuffled_captions_at_every_step_and_keeps_none(tmp_path, t
     samples = [Sample(p, 0, p % 4) for p in range(4)]
     with torch.no_grad():
         assert torch.isfinite(family.loss(samples[:2])) and torch.isfinite(family.loss(samples[2:]))
-    assert encoded == [flow.data.augment.draw(f"{TAGS}, tag{p}", seed=0, position=p) for p in range(4)]
+    assert encoded == [flow.data.sources[0].augment.draw(f"{TAGS}, tag{p}", seed=0, position=p) for p in range(4)]
     assert all(c.startswith("sks, ") for c in encoded) and encoded[0] != f"{TAGS}, tag0"
     assert flow.text_embeddings == {}  # nothing piles up per caption
 
@@ -181,7 +181,7 @@ def test_sd_trains_on_the_drawn_captions_and_keeps_no_token_ids_of_shuffled_ones
     family._predict = lambda noisy, t, captions, modules: (seen.extend(captions), noisy)[1]
     samples = [Sample(p, 0, p % 4) for p in range(6)]
     family.loss(samples[:2]), family.loss(samples[2:4]), family.loss(samples[4:])
-    expected = [family.data.augment.draw(f"{TAGS}, tag{p % 4}", seed=0, position=p) for p in range(6)]
+    expected = [family.data.sources[0].augment.draw(f"{TAGS}, tag{p % 4}", seed=0, position=p) for p in range(6)]
     assert seen == expected and "" in seen and len(set(seen)) > 2
     del family._predict
     with torch.no_grad():

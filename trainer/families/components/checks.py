@@ -29,6 +29,12 @@ def diffusion_checks(config, *, check_paths: bool = True) -> list[str]:
     caption augmentation, masks and the loss."""
     p = held_out_problems(config, check_paths=check_paths) + augmentation_problems(config, check_paths=check_paths)
     p += dataset_problems(config, check_paths=check_paths)
+    trains_text_encoder = config.lora.train_text_encoder if config.method == "lora" else config.full.train_text_encoder
+    if config.train.text_encoder_lr is not None and not trains_text_encoder:
+        section = "lora" if config.method == "lora" else "full"
+        p.append(f"train.text_encoder_lr: {config.train.text_encoder_lr:g} is the text encoder's learning rate, but "
+                 f"this run does not train it ({section}.train_text_encoder is false): set "
+                 f"{section}.train_text_encoder=true, or unset train.text_encoder_lr")
     if not check_paths:
         return p
     p += [q for key, value in (("model.path", config.model.path), ("model.config", config.model.config))

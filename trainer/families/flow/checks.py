@@ -8,6 +8,16 @@ from trainer.families.components.checks import diffusion_checks
 
 def flow_checks(config, *, check_paths: bool = True) -> list[str]:
     p = diffusion_checks(config, check_paths=check_paths)
+    family = config.model.family
+    if config.method == "full" and config.full.train_text_encoder:
+        p.append(f"full.train_text_encoder: {family} full fine-tunes train the transformer only; set "
+                 "full.train_text_encoder=false")
+    if config.method == "lora" and config.lora.train_text_encoder:
+        p.append(f"lora.train_text_encoder: {family} LoRA adapts the transformer only (its text encoders stay "
+                 "frozen); set lora.train_text_encoder=false")
+    if config.prior.enabled:
+        p.append(f"prior.enabled: {family} cannot generate class images yet; put class images in a folder and add "
+                 "it to data.datasets with is_regularization: true, or set prior.enabled=false")
     if config.train.min_snr_gamma is not None:
         # Min-SNR weights an epsilon/v-prediction loss by the noise schedule's signal-to-noise ratio; a flow
         # model's velocity loss has its own per-timestep weightings (SD3 paper, section 3.1).

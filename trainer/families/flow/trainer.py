@@ -82,14 +82,7 @@ class FlowTransformerTrainer:
     # ---- models -------------------------------------------------------------------------------------------
     def load(self) -> None:
         cfg, device, plan, model = self.cfg, self.ctx.device, self.ctx.plan, self.model
-        if cfg.method == "full" and cfg.full.train_text_encoder:
-            raise UserError(f"model.family={self.name}: full fine-tunes train the transformer only; set "
-                            "full.train_text_encoder=false")
-        if cfg.method == "lora" and cfg.lora.train_text_encoder:
-            raise UserError(f"model.family={self.name}: LoRA on the text encoders is not supported; set "
-                            "lora.train_text_encoder=false")
-        if cfg.prior.enabled:
-            raise UserError(f"model.family={self.name}: prior preservation is not supported yet; set prior.enabled=false")
+        # lora/full.train_text_encoder and prior.enabled are refused with the config (trainer.families.flow.checks).
         self.pipe = self._load_pipeline()
         start = None
         if cfg.method == "lora" and cfg.lora.init_from:  # read before any cast, as diffusers loads a LoRA
