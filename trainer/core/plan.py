@@ -36,6 +36,8 @@ class Plan:
     buckets: tuple[tuple[int, int, int], ...] = field(default=())
     # Images held out of training for the validation loss (data.val_split / data.val_path), from the same scan.
     val_images: int = 0
+    # batch.per_device auto on GPUs: the workers probe the largest micro-batch that fits (trainer.engine.batch_probe).
+    probe_batch: bool = False
 
     @property
     def world_size(self) -> int:
@@ -268,10 +270,9 @@ def make_plan(config: Config, hw: Hardware, parameters: int | None = None) -> Pl
         notes.append(f"train.optimizer prodigy estimates its own step size; train.lr={config.train.lr:g} multiplies "
                      "it (1.0 is usual), so this run will barely move")
     per_device = config.batch.per_device
-    if per_device == "auto":
-        # Finding the largest micro-batch that fits needs the model on the GPU; until then 1 is always safe.
-        notes.append("batch.per_device auto: using 1 (searching the largest batch that fits is not supported yet)")
-        per_device = 1
+    auto_batch = per_device == "auto"
+    if auto_batch:
+        per_device = 1  # what fits is found by the workers on the GPU (trainer.engine.batch_probe); 1 is always safe
     assert isinstance(per_device, int), "validate() accepts no text but auto"
     total = config.batch.total
     if total < world:
@@ -298,6 +299,12 @@ def make_plan(config: Config, hw: Hardware, parameters: int | None = None) -> Pl
         problems += _deepspeed_problems(config, precision)
     if problems:
         raise ConfigError(problems, "the plan")
+    probe_batch = auto_batch and device == "cuda" and sharding == "ddp"
+    if auto_batch:
+        notes.append("batch.per_device auto: " + (
+            "the workers try the real step at growing micro-batches before training and keep the largest that "
+            "fits" if probe_batch else "1 on the CPU" if device == "cpu" else
+            f"1 under {sharding} (the probe runs before the modules are sharded)"))
     total, per_device, accumulation, batch_notes = resolve_batch(total, per_device, world)
     return Plan(
         device=device,
@@ -313,4 +320,5 @@ def make_plan(config: Config, hw: Hardware, parameters: int | None = None) -> Pl
         notes=tuple(notes + batch_notes),
         sharding=sharding,
         zero_stage=config.distributed.zero_stage if sharding == "deepspeed" else 0,
+        probe_batch=probe_batch,
     )

@@ -73,6 +73,11 @@ def setup(run_dir: Path, resume: Path | None):
     family = get_family(config.model.family)(ctx)
     family.load()
     items = family.prepare_data()
+    if plan.probe_batch:  # batch.per_device auto on GPUs: before DDP wraps the modules (trainer.engine.batch_probe)
+        plan = _probe_batch(family, items, plan, config, acc)
+        ctx.plan = plan
+        acc.gradient_accumulation_steps = plan.accumulation
+        log_warning(plan.notes[-1])
     stream = make_stream(items, item_buckets=family.item_buckets if isinstance(family, Bucketed) else None, total=plan.total,
                          per_device=plan.per_device, world_size=plan.world_size, seed=config.seed)
     if resume:
@@ -89,6 +94,37 @@ def setup(run_dir: Path, resume: Path | None):
     if resume:
         load_run_checkpoint(run, resume)
     return run
+
+
+def _probe_batch(family, items: int, plan, config, acc):
+    """The plan with batch.per_device auto resolved on this machine's GPUs."""
+    import torch
+
+    from trainer.core.data.stream import make_stream
+    from trainer.engine.batch_probe import probe_per_device
+    from trainer.engine.precision import Amp
+    from trainer.families.protocol import Bucketed, Sample
+
+    amp = Amp(plan.precision, acc.device.type)
+    buckets = family.item_buckets if isinstance(family, Bucketed) else None
+
+    def run_loss(size: int):
+        # Step 0's samples of this rank at `size` per device: real images (one bucket), the real loss.
+        stream = make_stream(items, item_buckets=buckets, total=plan.total, per_device=size,
+                             world_size=plan.world_size, seed=config.seed)
+        samples = [Sample(pos, *stream.item(pos)) for pos in stream.positions(0, 0, acc.process_index)]
+        with amp.autocast():
+            return family.loss(samples)
+
+    def agree(size: int) -> int:
+        if acc.num_processes == 1:
+            return size
+        found = torch.tensor([size], device=acc.device)
+        torch.distributed.all_reduce(found, op=torch.distributed.ReduceOp.MIN)
+        return int(found.item())
+
+    params = [p for m in family.trainable_modules() for p in m.parameters() if p.requires_grad]
+    return probe_per_device(run_loss, params, plan, agree)
 
 
 def _accelerator(config, plan):

@@ -264,7 +264,10 @@ class BatchConfig:
         "statistics come from each micro-batch of per_device images.",
     )
     per_device: Union[int, str] = key(
-        1, "Micro-batch on each process, or `auto` for the largest that fits on the GPU (1 on CPU)."
+        1, "Micro-batch on each process, or `auto`: on GPUs the workers run the real training step at growing "
+        "micro-batches (the divisors of their share of batch.total) before training and keep the largest that fits, "
+        "the same on every rank; 1 on the CPU and under fsdp or deepspeed. The samples of each step do not depend "
+        "on it."
     )
 
 
