@@ -264,6 +264,8 @@ ROWS: dict[str, Seen | Shown] = {
     "distributed.master_addr": Seen("distributed.master_addr=127.0.0.2", "command"),
     "distributed.master_port": Seen("distributed.master_port=29600", "command"),
     "distributed.timeout_s": Seen("distributed.timeout_s=60", "command"),
+    "distributed.stall_warning_s": Shown("test_stall.py::test_a_frozen_rank_is_warned_about_then_the_run_fails_naming_it"),
+    "distributed.stall_timeout_s": Shown("test_stall.py::test_a_frozen_rank_is_warned_about_then_the_run_fails_naming_it"),
     "distributed.sharding": Seen("distributed.sharding=fsdp", "plan"),
     "distributed.zero_stage": Seen("distributed.zero_stage=1", "plan"),
 }

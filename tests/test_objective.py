@@ -301,7 +301,7 @@ def test_detection_refuses_every_diffusion_only_key():
     values = {"data.caption_prefix": "sks", "data.caption_dropout": 0.1, "data.shuffle_tags": True,
               "data.keep_tokens": 1, "data.masks": "alpha", "train.loss": "l1", "train.huber_delta": 0.5,
               "train.input_perturbation": 0.1, "train.noise_offset": 0.05, "train.min_snr_gamma": 5.0,
-              "model.zero_terminal_snr": True}
+              "model.zero_terminal_snr": True, "data.datasets": "[{path: x}]", "train.text_encoder_lr": 1e-5}
     assert set(values) == set(DIFFUSION_ONLY)
     for key, value in values.items():
         with pytest.raises(ConfigError) as refused:

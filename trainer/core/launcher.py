@@ -26,12 +26,13 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainer.core.config import Config, to_yaml
 from trainer.core.config.validate import parse_devices
-from trainer.core.checkpoint import Checkpoint
+from trainer.core.checkpoint import Checkpoint, latest_checkpoint
 from trainer.core.events import EventLog, final_event, read_events
 from trainer.core.hardware import Hardware
 from trainer.core.plan import Plan, make_plan
@@ -40,6 +41,7 @@ from trainer.core.assets import resolve_paths
 from trainer.core.failures import describe_failure
 from trainer.core.runfolder import RunFolder, check_run_name, create_run_dir, write_atomic
 from trainer.core.runlock import RunLock, release_lock, write_identity
+from trainer.core.stall import StallWatch
 from trainer.errors import UserError
 from trainer.families import spec_of
 
@@ -214,6 +216,8 @@ def build_env(plan: Plan, base: dict | None = None, run_id: str = "imagetune") -
 # ----------------------------------------------------------------------------------------------------------------
 # A running run
 
+STALL_POLL_S = 2.0  # how often a waiting launcher reads its ranks' heartbeats (trainer.core.stall)
+
 
 @dataclass
 class RunProcess:
@@ -228,6 +232,8 @@ class RunProcess:
     resumed_from: Checkpoint | None = None
     changes: dict = field(default_factory=dict)
     killed: bool = False  # kill() was called: the `failed` reason says so instead of guessing
+    stall: StallWatch | None = None  # trainer.core.stall: watched while waiting
+    stalled: str | None = None  # why the stall watch ended the run
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _final: dict | None = field(default=None, repr=False)
 
@@ -251,12 +257,36 @@ class RunProcess:
     def wait(self, timeout: float | None = None) -> dict:
         """Wait for torchrun (or the one worker) to exit, then return the run's final event, writing `failed` if
         there is none."""
-        self.process.wait(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            poll = STALL_POLL_S if self.stall is not None else None
+            if deadline is not None:
+                poll = max(0.0, min(poll or timeout or 0.0, deadline - time.monotonic()))
+            try:
+                self.process.wait(poll)
+                break
+            except subprocess.TimeoutExpired:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+                self._watch_stall()
         with self._lock:
             if self._final is None:
                 self._final = self._finish(self.process.returncode)
                 release_lock(self.run_dir, self.process.pid)
         return self._final
+
+    def _watch_stall(self) -> None:
+        if self.stall is None or self.stalled is not None:
+            return
+        warning, reason = self.stall.check(time.time())
+        if warning:
+            EventLog(self.run_dir).emit("warning", message=warning)
+        if reason:
+            ckpt = latest_checkpoint(self.run_dir)
+            where = (f"continue from its last checkpoint ({ckpt.path.relative_to(self.run_dir)}) with: python "
+                     f"launch.py --resume {self.run_dir}") if ckpt else "it has no checkpoint yet; start it again"
+            self.stalled = f"{reason} {where}."
+            self.kill(grace_s=5)
 
     def _finish(self, returncode: int) -> dict:
         events = read_events(self.run_dir)
@@ -272,6 +302,8 @@ class RunProcess:
                 extra: dict[str, object] = {"checkpoint": None} if kind == "stopped" else {"outputs": []}
                 message = f"node {self.node_rank} finished; {note}"
                 return log.emit(kind, node_rank=self.node_rank, message=message, **extra)
+        if self.stalled:
+            return log.emit("failed", exitcode=returncode, reason=self.stalled)
         if self.killed:
             return log.emit("failed", exitcode=returncode, reason=(
                 "The run was killed on request before it could stop gracefully; continue it from its last "
@@ -308,7 +340,11 @@ def start_run(
     folder = RunFolder(run_dir)
     folder.record_launcher(process.pid)  # with its start time (trainer.core.runlock)
     write_identity(folder.lock, process.pid)  # the lock lives as long as torchrun (or the one worker), even if we do not
-    return RunProcess(run_dir, plan, process, node_rank=config.distributed.node_rank, log_offset=offset)
+    d = config.distributed
+    first = d.node_rank * plan.processes_per_node
+    stall = StallWatch(run_dir, tuple(range(first, first + plan.processes_per_node)), d.stall_warning_s,
+                       d.stall_timeout_s)
+    return RunProcess(run_dir, plan, process, node_rank=d.node_rank, log_offset=offset, stall=stall)
 
 
 def kill_run(run_dir: str | Path, grace_s: float = 10.0) -> bool:

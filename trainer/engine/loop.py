@@ -55,6 +55,8 @@ def fit(run: Run) -> str:
         run.optimizer.zero_grad(set_to_none=True)
         run.scheduler.step()
         run.state.step = step + 1
+        if run.heartbeat is not None:
+            run.heartbeat.stepped(run.state.step)
         fault.step_ended(run.rank, run.state.step)
         throughput.tick(plan.total)
         run.events.emit("progress", step=run.state.step, steps=plan.steps,

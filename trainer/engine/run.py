@@ -47,6 +47,7 @@ class Run:
     state: TrainState = field(default_factory=TrainState)
     phase: str = "starting"  # what the processes are doing: named in the failure if a collective times out
     ema: Any = None  # diffusers' EMAModel when full.ema or lora.ema is on (trainer.engine.ema)
+    heartbeat: Any = None  # trainer.engine.heartbeat.Heartbeat: the launcher's view of this rank's progress
 
     @property
     def rank(self) -> int:

@@ -93,6 +93,9 @@ def setup(run_dir: Path, resume: Path | None):
     family.ema = ema
     if resume:
         load_run_checkpoint(run, resume)
+    from trainer.engine.heartbeat import Heartbeat
+
+    run.heartbeat = Heartbeat(run_dir, acc.process_index, lambda: run.phase).start(run.state.step)
     return run
 
 

@@ -388,6 +388,13 @@ class DistributedConfig:
     master_addr: str = key("127.0.0.1", "Address of node 0, reachable from every node.")
     master_port: int = key(29500, "Rendezvous port on node 0 (multi-node only; single-node picks a free one).")
     timeout_s: int = key(1800, "Seconds a collective may wait before the run fails naming what it waited for.")
+    stall_warning_s: Optional[float] = key(
+        None, "Seconds without an optimizer step after which a `warning` event names the silent ranks: the ones "
+        "whose process froze (no heartbeat) and the ones waiting for them. Unset: 20 times the measured step time, "
+        "at least 60. Time spent drawing samples, evaluating or checkpointing does not count.")
+    stall_timeout_s: float = key(
+        900, "Seconds without an optimizer step after which the launcher ends the run `failed`, naming the silent "
+        "ranks and the last checkpoint to resume from (well before distributed.timeout_s would); 0: never.")
     sharding: str = key(
         "auto",
         "How the processes share a full fine-tune: `ddp` (every GPU holds the whole model, gradients averaged), "

@@ -136,6 +136,11 @@ def validate(config: Config, *, check_paths: bool = True) -> list[str]:
     d = config.distributed
     _positive(p, "distributed.nodes", d.nodes)
     _positive(p, "distributed.timeout_s", d.timeout_s)
+    _positive(p, "distributed.stall_warning_s", d.stall_warning_s)
+    _positive(p, "distributed.stall_timeout_s", d.stall_timeout_s, allow_zero=True)
+    if d.stall_warning_s and d.stall_timeout_s and d.stall_timeout_s <= d.stall_warning_s:
+        p.append(f"distributed.stall_timeout_s: {d.stall_timeout_s:g} ends the run before the warning at "
+                 f"distributed.stall_warning_s={d.stall_warning_s:g}; make it larger, or 0 to never end the run")
     if not 0 <= d.node_rank < max(d.nodes, 1):
         p.append(f"distributed.node_rank: must be in 0..{d.nodes - 1}, got {d.node_rank}")
     if not 1 <= d.master_port <= 65535:

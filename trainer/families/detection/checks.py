@@ -25,6 +25,7 @@ DIFFUSION_ONLY = {
     "train.noise_offset": _DENOISING, "train.min_snr_gamma": _DENOISING,
     "model.zero_terminal_snr": "it rescales the diffusion families' noise schedule",
     "data.datasets": "a detection dataset is one COCO or YOLO description in data.path (its splits included)",
+    "train.text_encoder_lr": "a detector has no text encoder (detection.backbone_lr_scale sets its backbone's rate)",
 }
 WEIGHT_CHOICES = ("coco", "none")
 
