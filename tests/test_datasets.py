@@ -158,12 +158,12 @@ def test_an_exposed_ui_refuses_an_entry_outside_its_workspace(tmp_path, folders)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["sd", "sdxl", "flux"])
-def test_a_run_with_several_folders_trains_to_done(family, tmp_path, tiny_sd_path, tiny_sdxl_path, tiny_flux_path,
-                                                  demo_data_path):
-    """The demo preset with two folders at two resolutions and a regularization folder, three steps, on each
-    family's tiny model: it trains to done, the plan lists both shapes, and the LoRA is written."""
-    model = {"sd": tiny_sd_path, "sdxl": tiny_sdxl_path, "flux": tiny_flux_path}[family]
+@pytest.mark.parametrize("family", ["sdxl", "flux"])
+def test_a_run_with_several_folders_trains_to_done(family, tmp_path, tiny_sdxl_path, tiny_flux_path, demo_data_path):
+    """The demo preset with two folders at two resolutions and a regularization folder, three steps, on the tiny
+    SDXL and FLUX models (SD shares their data pipeline, tested above): it trains to done, the plan lists both
+    shapes, and the LoRA is written."""
+    model = {"sdxl": tiny_sdxl_path, "flux": tiny_flux_path}[family]
     second = _folder(tmp_path / "second", 2, "a blue square", colour=(40, 40, 200))
     reg = _folder(tmp_path / "reg", 2, "a photo of a shape", colour=(90, 90, 90))
     config = load_config(Path(__file__).parents[1] / "presets" / "demo.yaml", [

@@ -28,7 +28,7 @@ def beat(run_dir, rank, *, step, alive, stepped, phase=None):
 
 
 def test_the_frozen_rank_is_named_once_then_the_run_is_ended(tmp_path):
-    watch = StallWatch(tmp_path, (0, 1), warning_s=30, timeout_s=120)
+    watch = StallWatch(tmp_path, (0, 1), warning_s=30, timeout_s=120, since=900.0)
     assert watch.check(1000.0) == (None, None)  # no heartbeat yet: still loading
     beat(tmp_path, 0, step=7, alive=1000.0, stepped=1000.0)
     beat(tmp_path, 1, step=7, alive=1000.0, stepped=1000.0)
@@ -44,8 +44,18 @@ def test_the_frozen_rank_is_named_once_then_the_run_is_ended(tmp_path):
     assert "rank 1" in reason and "ended the run" in reason
 
 
+def test_a_resumed_launch_ignores_the_beats_of_the_last_one(tmp_path):
+    for rank in (0, 1):  # the launch that stopped an hour ago
+        beat(tmp_path, rank, step=7, alive=1000.0, stepped=1000.0)
+    watch = StallWatch(tmp_path, (0, 1), warning_s=30, timeout_s=120, since=4600.0)
+    assert watch.check(4700.0) == (None, None)  # the resumed workers are still loading
+    beat(tmp_path, 0, step=7, alive=4710.0, stepped=4710.0)
+    warning, _ = watch.check(4750.0)
+    assert "never reported a step: rank 1" in warning
+
+
 def test_busy_phases_are_not_stalls_and_a_moving_run_clears_the_warning(tmp_path):
-    watch = StallWatch(tmp_path, (0, 1), warning_s=30, timeout_s=0)
+    watch = StallWatch(tmp_path, (0, 1), warning_s=30, timeout_s=0, since=0.0)
     for rank in (0, 1):  # ten minutes of samples: both alive, neither stepping, neither training
         beat(tmp_path, rank, step=5, alive=1600.0, stepped=1000.0, phase="rank 0 drawing samples at step 5")
     assert watch.check(1600.0) == (None, None)
@@ -59,7 +69,7 @@ def test_busy_phases_are_not_stalls_and_a_moving_run_clears_the_warning(tmp_path
 
 
 def test_the_default_warning_follows_the_measured_step_time(tmp_path):
-    watch = StallWatch(tmp_path, (0,), warning_s=None)
+    watch = StallWatch(tmp_path, (0,), warning_s=None, since=0.0)
     assert watch.warning_after() == 60  # nothing measured yet
     for step in range(1, 6):
         beat(tmp_path, 0, step=step, alive=step * 10.0, stepped=step * 10.0)
@@ -78,7 +88,7 @@ def test_a_frozen_rank_is_warned_about_then_the_run_fails_naming_it(tmp_path, ti
     """Two real CPU ranks; rank 1 is SIGSTOPped after a checkpoint: a warning names it, then the run is `failed`
     naming it and the checkpoint, long before the 1800 s collective timeout."""
     config = engine_config(tiny_sd_path, demo_data_path, "devices=cpu:2", "batch.total=2", "train.steps=100000",
-                           "checkpoint.every=2", "distributed.stall_warning_s=12", "distributed.stall_timeout_s=25")
+                           "checkpoint.every=2", "distributed.stall_warning_s=12", "distributed.stall_timeout_s=16")
     run_dir, plan = prepare_run(config, tmp_path / "runs", hw=CPU_ONLY)
     proc = start_run(run_dir, plan, config)
     try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +57,7 @@ class StallWatch:
     ranks: tuple[int, ...]  # this node's global ranks
     warning_s: float | None = None  # None: from the measured step time
     timeout_s: float = 900.0  # 0: never end the run
+    since: float = field(default_factory=time.time)  # beats older than this are a previous launch's
     warned: bool = False
     _last_step: dict[int, tuple[int, float]] = field(default_factory=dict)
     _step_times: list[float] = field(default_factory=list)
@@ -69,7 +71,8 @@ class StallWatch:
 
     def check(self, now: float) -> tuple[str | None, str | None]:
         """(a warning to emit, or None; the reason to end the run with, or None) at time `now`."""
-        beats = read_beats(self.run_dir)
+        # A resumed run's folder still holds the last launch's beats: they say nothing about this one.
+        beats = {r: b for r, b in read_beats(self.run_dir).items() if b.alive >= self.since}
         if not beats:
             return None, None  # still setting up: loading models and caches may take long
         self._learn_step_times(beats)
