@@ -36,6 +36,7 @@ def _draw(pipe, prompt, seeds):
                 generator=[torch.Generator().manual_seed(s) for s in seeds]).images
 
 
+@pytest.mark.slow  # 14 s: every base colour and shape, sampled and judged
 def test_the_base_draws_the_shape_and_colour_a_prompt_asks_for(base_pipeline):
     # On a gray background (pretraining.json: 0.94 over all 36 prompts, 4 seeds each). A random model scores
     # about 1/12 here.
