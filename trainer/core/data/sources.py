@@ -61,6 +61,7 @@ def scan_sources(data, *, check_resolution: bool) -> DatasetScan:
     warning names its folder."""
     training: DatasetScan | None = None
     regularization: list[ImageItem] = []
+    warnings: list[str] = []
     several = len(sources(data)) > 1
     for index, source in enumerate(sources(data)):
         scan = scan_dataset(source.path, instance_prompt=source.instance_prompt,
@@ -68,21 +69,17 @@ def scan_sources(data, *, check_resolution: bool) -> DatasetScan:
                             resolution=source.resolution if check_resolution else None)
         require_usable(scan, key=source.key)
         items = [replace(item, dataset=index, repeats=item.repeats * source.repeats) for item in scan.items]
-        warnings = [f"{source.path}: {w}" if several else w for w in scan.warnings]
+        warnings += [f"{source.path}: {w}" if several else w for w in scan.warnings]
         if source.regularization:
             regularization += items
-            if training is not None:
-                training.warnings.extend(warnings)
-            continue
-        if training is None:
-            training = replace(scan, items=items, warnings=list(warnings), roots=[scan.root])
+        elif training is None:
+            training = replace(scan, items=items, roots=[scan.root])
         else:
             training.items.extend(items)
-            training.warnings.extend(warnings)
             training.folders.update(scan.folders)
             training.roots.append(scan.root)
     assert training is not None, "validation requires a training folder"  # trainer.core.config.validate
-    return replace(training, regularization=regularization)
+    return replace(training, warnings=warnings, regularization=regularization)
 
 
 def image_targets(items: list[ImageItem], data, family_buckets: bool) -> list[Size]:
