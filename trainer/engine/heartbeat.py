@@ -1,8 +1,8 @@
 """Each rank's heartbeat file, read by its node's launcher to catch a stalled rank (trainer.core.stall).
 
 `heartbeats/rank-<global rank>.json` holds {"rank", "pid", "step", "phase", "alive", "stepped"}: `stepped` is when
-the rank last finished an optimizer step (the loop calls `stepped()`), `alive` is refreshed every 2 s by a
-daemon thread. A SIGSTOPped or wedged process refreshes neither; a rank waiting in a collective for a frozen peer
+the rank last finished an optimizer step (the loop calls `stepped()`), `alive` is when a daemon thread last wrote
+the file, every 2 s. A SIGSTOPped or wedged process refreshes neither; a rank waiting in a collective for a frozen peer
 stays alive but stops stepping. So the launcher can tell the rank that froze from the ranks that wait for it.
 Writes are atomic (a temporary file renamed), a few hundred bytes each.
 """
@@ -37,9 +37,9 @@ class Heartbeat:
         return self
 
     def stepped(self, step: int) -> None:
-        """An optimizer step ended (called by the loop)."""
+        """An optimizer step ended (called by the loop). Only remembered: the refresher thread writes it within
+        2 s, which is all the launcher's resolution needs, and the step's hot path does no file I/O."""
         self.step, self.stepped_at = step, time.time()
-        self._write()
 
     def stop(self) -> None:
         self._stop.set()
