@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HEARTBEAT_DIR = "heartbeats"  # trainer.engine.heartbeat writes here
+HEARTBEAT_INTERVAL_S = 2.0  # how often a rank's heartbeat file is rewritten
+FROZEN_AFTER_S = 5 * HEARTBEAT_INTERVAL_S  # a heartbeat older than this: its process is not running
 MIN_WARNING_S = 60.0
 STEP_TIMES_FOR_WARNING = 20
 
@@ -76,7 +78,7 @@ class StallWatch:
         if not beats:
             return None, None  # still setting up: loading models and caches may take long
         self._learn_step_times(beats)
-        frozen = {r: now - b.alive for r, b in beats.items() if now - b.alive > INTERVAL_SLACK_S}
+        frozen = {r: now - b.alive for r, b in beats.items() if now - b.alive > FROZEN_AFTER_S}
         missing = [r for r in self.ranks if r not in beats]
         waiting = {r: now - b.stepped for r, b in beats.items() if b.training and r not in frozen}
         first_alive = min(b.alive for b in beats.values())
@@ -114,7 +116,3 @@ class StallWatch:
             parts.append(f"{who}: " + ", ".join(f"rank {r} (at {beats[r].phase}, last step {beats[r].step})"
                                                 for r in sorted(waiting)))
         return f"No step for {stall:.0f} s. " + "; ".join(parts) + "."
-
-
-INTERVAL_SLACK_S = 10.0
-"""A heartbeat is refreshed every 2 s (trainer.engine.heartbeat); older than this, its process is not running."""

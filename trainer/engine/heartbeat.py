@@ -16,12 +16,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-HEARTBEAT_DIR = "heartbeats"
-INTERVAL_S = 2.0  # trainer.core.stall takes a beat older than 10 s for a process that stopped
+from trainer.core.stall import HEARTBEAT_DIR, HEARTBEAT_INTERVAL_S
+
 
 
 class Heartbeat:
-    def __init__(self, run_dir: str | Path, rank: int, phase: Callable[[], str], interval_s: float = INTERVAL_S):
+    def __init__(self, run_dir: str | Path, rank: int, phase: Callable[[], str],
+                 interval_s: float = HEARTBEAT_INTERVAL_S):
         self.path = Path(run_dir) / HEARTBEAT_DIR / f"rank-{rank}.json"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.rank, self.phase, self.interval_s = rank, phase, interval_s

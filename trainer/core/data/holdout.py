@@ -70,7 +70,7 @@ def training_scan(config, *, resolution: int | None = None) -> DatasetScan:
                            caption_extension=data.caption_extension, resolution=resolution)
         require_usable(val, key="data.val_path")
         return replace(scan, held_out=val.items, warnings=scan.warnings + [f"val: {w}" for w in val.warnings])
-    roots = {i: s.path for i, s in enumerate(sources(data))} if data.datasets else None
-    training, held = split(scan.items, data.val_split, seed=config.seed, root=scan.root,
-                           roots={i: os.path.abspath(os.path.expanduser(r)) for i, r in roots.items()} if roots else None)
+    roots = ({i: os.path.abspath(os.path.expanduser(s.path)) for i, s in enumerate(sources(data))}
+             if data.datasets else None)
+    training, held = split(scan.items, data.val_split, seed=config.seed, root=scan.root, roots=roots)
     return replace(scan, items=training, held_out=held)

@@ -62,8 +62,9 @@ def scan_sources(data, *, check_resolution: bool) -> DatasetScan:
     training: DatasetScan | None = None
     regularization: list[ImageItem] = []
     warnings: list[str] = []
-    several = len(sources(data)) > 1
-    for index, source in enumerate(sources(data)):
+    folders = sources(data)
+    several = len(folders) > 1
+    for index, source in enumerate(folders):
         scan = scan_dataset(source.path, instance_prompt=source.instance_prompt,
                             caption_extension=source.caption_extension,
                             resolution=source.resolution if check_resolution else None)
