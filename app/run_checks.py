@@ -55,8 +55,8 @@ def number(value, what: str) -> float | None:
     return float(value)
 
 
-_NUMBERS = ("time", "loss", "lr", "samples_per_s", "eta_s", "total")
-_INTS = ("step", "steps", "index")
+_NUMBERS = ("time", "loss", "lr", "samples_per_s", "eta_s", "total", "data_s")
+_INTS = ("step", "steps", "index", "ranks_step", "slowest_rank")
 
 
 def checked_event(event: dict) -> dict:
@@ -71,6 +71,13 @@ def checked_event(event: dict) -> dict:
         raise Unreadable(f"{EVENTS_FILE}: a sample event's path is {path!r}, not a file in the run folder")
     if isinstance(event.get("plan"), dict):
         checked_event(event["plan"])
+    ranks = event.get("ranks")
+    if ranks is not None:  # the page prints these: numbers only (trainer.engine.telemetry)
+        if not isinstance(ranks, list) or not all(isinstance(r, dict) for r in ranks):
+            raise Unreadable(f"{EVENTS_FILE}: a {kind} event's ranks is {ranks!r}, not a list of figures")
+        for figures in ranks:
+            for name, value in figures.items():
+                number(value, f"{EVENTS_FILE}: a {kind} event's ranks.{name}")
     for key in ("plan", "notes", "line", "reason", "message"):
         value = event.get(key)
         expected = {"plan": dict, "notes": list}.get(key, str)

@@ -92,6 +92,9 @@ class RunView:
     evals: dict[int, dict] = field(default_factory=dict)  # step -> its `eval` events, merged
     best: dict | None = None  # the latest `best` event: {"step", "metric", "value", ...}
     has_progress: bool = False  # this launch reported a step (else it is still loading the model)
+    ranks: list[dict] = field(default_factory=list)  # each rank's figures of step `ranks_step` (trainer.engine.telemetry)
+    ranks_step: int = 0
+    slowest_rank: int | None = None
 
     @property
     def active(self) -> bool:
@@ -131,12 +134,16 @@ def _read_run(run_dir: Path, cache: EventCache) -> RunView:
             total, view.steps = plan.get("total") or total, plan.get("steps") or view.steps
             view.step = event.get("step", view.step)
             view.final, view.has_progress, view.eta_s, view.it_per_s = None, False, None, None
+            view.ranks, view.slowest_rank = [], None
         elif kind == "progress":
             view.has_progress = True
             view.step, view.steps = event.get("step", view.step), event.get("steps") or view.steps
             view.loss, view.lr, view.eta_s = event.get("loss"), event.get("lr"), event.get("eta_s")
             rate = event.get("samples_per_s")
             view.it_per_s = rate / total if rate and total else None
+            if event.get("ranks"):
+                view.ranks, view.ranks_step = event["ranks"], int(event.get("ranks_step") or 0)
+                view.slowest_rank = event.get("slowest_rank")
             if view.loss is not None:
                 view.losses[view.step] = view.loss
             if view.lr is not None:

@@ -13,6 +13,7 @@ import gradio as gr
 import pandas as pd
 
 from app import runs as R
+from trainer.core.telemetry import LAG_MARGIN
 from trainer.errors import UserError
 
 LOG_LINES = 30  # lines of train.log shown
@@ -184,7 +185,31 @@ def progress_html(view: R.RunView | None) -> str:
     bar_class = {"done": "done", "failed": "failed", "stopped": "stopped"}.get(view.status, "running")
     return (f'<div class="progress {bar_class}" data-status="{view.status}"><div class="bar">'
             f'<div class="fill{" started" if view.step else ""}" style="width:{pct:.1f}%"></div></div>'
-            f'<div class="progress-text">{" · ".join(parts)}</div></div>')
+            f'<div class="progress-text">{" · ".join(parts)}</div>{ranks_html(view)}</div>')
+
+
+RANK_COLUMNS = (("step_s", "step s", "{:.3f}"), ("data_s", "input wait s", "{:.3f}"),
+                ("forward_s", "forward s", "{:.3f}"), ("sync_s", "all-reduce s", "{:.3f}"),
+                ("cpu_s", "CPU s", "{:.3f}"), ("rss_mb", "RSS MiB", "{:.0f}"), ("mem_mb", "GPU peak MiB", "{:.0f}"),
+                ("util", "GPU %", "{:.0f}"))
+
+
+def ranks_html(view: R.RunView) -> str:
+    """Each rank's figures of the last reported step (trainer.engine.telemetry), the lagging rank marked."""
+    if not view.ranks:
+        return ""
+    shown = [c for c in RANK_COLUMNS if any(c[0] in r for r in view.ranks)]
+    head = "".join(f"<th>{title}</th>" for _, title, _ in shown)
+    rows = []
+    for figures in view.ranks:
+        rank = int(figures.get("rank", 0))
+        cells = "".join(f"<td>{fmt.format(figures[name]) if name in figures else ''}</td>" for name, _, fmt in shown)
+        slow = " class='slowest'" if rank == view.slowest_rank else ""
+        rows.append(f"<tr{slow} data-rank='{rank}'><td>{rank}</td>{cells}</tr>")
+    lag = (f"<div class='run-note warn'>rank {view.slowest_rank} lags: its input wait + forward pass exceed the "
+           f"median rank's by more than {LAG_MARGIN:.0%} of the step</div>" if view.slowest_rank is not None else "")
+    return (f"<details class='rank-figures' open><summary>per rank, step {view.ranks_step}</summary>"
+            f"<table><tr><th>rank</th>{head}</tr>{''.join(rows)}</table>{lag}</details>")
 
 
 def header_html(view: R.RunView | None) -> str:

@@ -267,6 +267,24 @@ def test_event_cache_reads_only_complete_new_lines(tmp_path):
     assert len(cache.events(run)) == 1
 
 
+def test_the_run_view_shows_each_ranks_figures_and_marks_the_lagging_one(tmp_path):
+    from app import ui_runs
+
+    figures = [{"rank": 0, "step_s": 0.5, "data_s": 0.01, "forward_s": 0.2, "sync_s": 0.3, "cpu_s": 0.5,
+                "rss_mb": 900.0, "peak_rss_mb": 950.0},
+               {"rank": 1, "step_s": 0.5, "data_s": 0.26, "forward_s": 0.2, "sync_s": 0.0, "cpu_s": 0.2,
+                "rss_mb": 800.0, "peak_rss_mb": 810.0}]
+    run = write_run(tmp_path, "r", [PLAN, progress(1, 0.9),
+                                    {**progress(2, 0.8), "ranks_step": 1, "ranks": figures, "slowest_rank": 1}])
+    view = read_run(run, EventCache())
+    page = ui_runs.progress_html(view)
+    assert "per rank, step 1" in page and "<td>0.260</td>" in page and "<td>900</td>" in page
+    assert "<tr class='slowest' data-rank='1'>" in page and "rank 1 lags" in page
+    assert "GPU" not in page  # CPU ranks: no device columns
+    planted = write_run(tmp_path, "bad", [PLAN, {**progress(1, 0.9), "ranks": [{"rank": 0, "step_s": "<b>"}]}])
+    assert read_run(planted, EventCache()).status == "unreadable"
+
+
 def test_runs_page_sends_only_what_changed(tmp_path):
     from app import ui_runs
     from app.jobs import HardwareCache, Jobs

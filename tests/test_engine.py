@@ -14,6 +14,7 @@ from tests.engine_helpers import assert_same_weights, engine_config, final_weigh
 from trainer.core.events import read_events
 from trainer.core.resume import resume_run
 from trainer.core.hardware import CPU_ONLY
+from trainer.engine.faults import SLOW_INPUT_S
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +36,7 @@ def reference(runs, tiny_sd_path, demo_data_path):
 def test_two_processes_with_accumulation_match_one_process(reference, runs, tiny_sd_path, demo_data_path):
     config = engine_config(tiny_sd_path, demo_data_path, "devices=cpu:2", "batch.per_device=1", "name=ddp",
                            "sample.every=2", "sample.prompts=[a photo of a red circle]", "sample.steps=2")
-    run_dir, final = launch(runs, config)
+    run_dir, final = launch(runs, config, fault="slow_rank=1")  # rank 1's input is 0.25 s late every micro-step
     assert final["type"] == "done", log_of(run_dir)
     plan = read_events(run_dir)[0]
     assert (plan["type"], plan["world_size"], plan["per_device"], plan["accumulation"]) == ("plan", 2, 1, 2)
@@ -49,6 +50,14 @@ def test_two_processes_with_accumulation_match_one_process(reference, runs, tiny
     samples = [e for e in read_events(run_dir) if e["type"] == "sample"]
     assert [e["step"] for e in samples] == [0, 2, 4]
     assert all((run_dir / e["path"]).stat().st_size > 0 for e in samples)
+    # Per-rank telemetry, the step before's (trainer.engine.telemetry): the slow rank is named, its wait shown.
+    assert "ranks" not in two[0]
+    for event in two[1:]:
+        assert event["ranks_step"] == event["step"] - 1 and [r["rank"] for r in event["ranks"]] == [0, 1]
+        slow, fast = event["ranks"][1], event["ranks"][0]
+        assert slow["data_s"] >= 2 * SLOW_INPUT_S > fast["data_s"] and event["data_s"] == slow["data_s"]
+        assert event["slowest_rank"] == 1
+        assert all(r["step_s"] > 0 and r["cpu_s"] > 0 and r["rss_mb"] > 100 for r in event["ranks"])
 
 
 def test_stopped_then_resumed_on_another_process_count_matches(reference, runs, tiny_sd_path, demo_data_path):
@@ -57,7 +66,8 @@ def test_stopped_then_resumed_on_another_process_count_matches(reference, runs, 
     assert final["type"] == "stopped", log_of(run_dir)
     assert final["step"] == 2 and final["checkpoint"] == "checkpoints/step-000002"
 
-    resumed = resume_run(run_dir, ["devices=cpu:2"], hw=CPU_ONLY)
+    # ... in input worker processes this time: the same micro-batches (trainer.engine.input)
+    resumed = resume_run(run_dir, ["devices=cpu:2", "data.workers=2"], hw=CPU_ONLY)
     final = resumed.wait(timeout=300)
     assert final["type"] == "done", log_of(run_dir)
     steps = [e["step"] for e in progress(run_dir)]

@@ -163,6 +163,7 @@ ROWS: dict[str, Seen | Shown] = {
     "data.center_crop": Seen("data.center_crop=false", "data"),
     "data.flip": Seen("data.flip=true", "data"),
     "data.cache_latents": Seen("data.cache_latents=false", "data"),
+    "data.workers": Shown("test_input_pipeline.py::test_workers_make_the_same_detection_micro_batches_and_losses"),
     "data.bucketing": Seen("data.bucketing=true", "data"),
     "data.bucket_step": Seen("data.bucket_step=8", "data"),
     "data.bucket_max_aspect": Seen("data.bucket_max_aspect=1.0", "data"),

@@ -38,6 +38,8 @@ class Plan:
     val_images: int = 0
     # batch.per_device auto on GPUs: the workers probe the largest micro-batch that fits (trainer.engine.batch_probe).
     probe_batch: bool = False
+    # Input processes per training process (data.workers; trainer.engine.input): 0 loads on the training thread.
+    data_workers: int = 0
 
     @property
     def world_size(self) -> int:
@@ -58,6 +60,8 @@ class Plan:
             from trainer.core.data.buckets import describe
 
             line += f" · buckets {describe(self.buckets)}"
+        if self.data_workers:
+            line += f" · {self.data_workers} input worker{'s' if self.data_workers > 1 else ''} per process"
         if self.val_images:
             line += f" · val_loss on {self.val_images} held-out image{'s' if self.val_images != 1 else ''}"
         return line
@@ -321,4 +325,14 @@ def make_plan(config: Config, hw: Hardware, parameters: int | None = None) -> Pl
         sharding=sharding,
         zero_stage=config.distributed.zero_stage if sharding == "deepspeed" else 0,
         probe_batch=probe_batch,
+        data_workers=resolve_data_workers(config.data.workers, device, hw.cpu_count, processes),
     )
+
+
+def resolve_data_workers(workers: int | str, device: str, cpu_count: int, processes: int) -> int:
+    """Input processes per training process for data.workers (`auto`: none on the CPU, where the training
+    processes use every core; on GPUs up to 4, leaving each training process a core of its own)."""
+    if workers != "auto":
+        assert isinstance(workers, int), "validate() accepts no text but auto"
+        return workers
+    return 0 if device == "cpu" else max(0, min(4, cpu_count // max(1, processes) - 1))

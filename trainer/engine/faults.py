@@ -1,5 +1,5 @@
 """Test-only fault switch for the real worker: IMAGETUNE_FAULT puts a stop, a crash or a hang at an exact
-optimizer step, so the stop/kill/resume tests prove their point on any machine instead of racing a timer
+optimizer step (or slows one rank's input), so the stop/kill/resume tests prove their point on any machine instead of racing a timer
 against the speed of the run.
 
     IMAGETUNE_FAULT="stop_at_step=2"           every rank finds the STOP file at step 2: the run checkpoints
@@ -8,6 +8,9 @@ against the speed of the run.
                                                of step 2 (progress on rank 0 aside) is sampled or checkpointed
     IMAGETUNE_FAULT="hang_rank=1,at_step=2"    global rank 1 stops answering as step 2 ends (the others time
                                                out after distributed.timeout_s)
+    IMAGETUNE_FAULT="slow_rank=1"              global rank 1's input takes SLOW_INPUT_S longer for every
+                                               micro-batch (a slow disk): the telemetry names it, the maths
+                                               does not change
 
 Users never set it; absent, it costs two no-op calls per step. A value that does not parse fails the run
 before its first step, loudly: a misspelt switch must not quietly test the happy path instead.
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ENV = "IMAGETUNE_FAULT"
+SLOW_INPUT_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,12 @@ class Fault:
     kill_rank: int | None = None
     hang_rank: int | None = None
     at_step: int | None = None
+    slow_rank: int | None = None
+
+    def slow_input(self, rank: int) -> None:
+        """Called as the loop asks for a micro-batch: the slow rank's input is late by SLOW_INPUT_S."""
+        if rank == self.slow_rank:
+            time.sleep(SLOW_INPUT_S)
 
     def before_vote(self, stop_file: Path, step: int) -> None:
         """Called as `step` (1-based) is about to agree on stopping: the STOP file appears, on every rank, so
@@ -62,7 +72,7 @@ def parse(text: str) -> Fault:
         key = key.strip()
         if not sep or key not in Fault.__dataclass_fields__ or key in fields:
             raise ValueError(f"{ENV}={text!r}: {part!r} is not one of stop_at_step=N, kill_rank=R, hang_rank=R, "
-                             f"at_step=N (each once)")
+                             f"at_step=N, slow_rank=R (each once)")
         try:
             fields[key] = int(value)
         except ValueError:

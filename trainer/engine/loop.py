@@ -14,8 +14,10 @@ import torch.distributed as dist
 
 from trainer.core.data.stream import position_seed
 from trainer.engine import faults
+from trainer.engine.input import to_device
 from trainer.engine.run import Run, RunFailed
-from trainer.families.protocol import Sample
+from trainer.core.telemetry import WIDTH, summarize
+from trainer.engine.telemetry import RankClock
 from trainer.engine.run_io import draw_samples, evaluate, save_run_checkpoint
 
 
@@ -25,23 +27,35 @@ def fit(run: Run) -> str:
     fault = faults.from_env()  # test-only: a stop or crash at an exact step (trainer.engine.faults)
     draw_samples(run)  # at the start (or the resumed step): what the model does before this session trains
     throughput = Throughput()
+    clock = RankClock(acc.device)
+    batches = run.input.from_step(run.state.step)
     for step in range(run.state.step, plan.steps):
         # Global randomness (LoRA dropout) is a function of the step, so a resumed run draws what an
         # uninterrupted one would have; per-sample draws come from each sample's own generator.
         torch.manual_seed(position_seed(cfg.seed, step, 1000 + run.rank))
         run.phase = f"step {step + 1}"
+        clock.begin_step()
         losses = []
         for micro in range(plan.accumulation):
-            positions = run.stream.positions(step, micro, run.rank)
-            samples = [Sample(pos, *run.stream.item(pos)) for pos in positions]
+            began = time.perf_counter()
+            fault.slow_input(run.rank)
+            batch = next(batches)  # made ahead by the input pipeline (trainer.engine.input)
+            clock.waited(time.perf_counter() - began)
+            assert (batch.step, batch.micro) == (step, micro), "input pipeline out of step with the loop"
             with acc.accumulate(*run.family.prepared):
-                with run.amp.autocast():
-                    loss = run.family.loss(samples)
+                with run.amp.autocast(), clock.forward():
+                    if batch.fetched is None:
+                        loss = run.family.loss(batch.samples)
+                    else:
+                        loss = run.family.loss_of(batch.samples, to_device(batch.fetched, acc.device))
                 acc.backward(run.amp.scale(loss))  # divides by the accumulation; DDP syncs on the last micro-step
             losses.append(loss.detach().float())
         assert acc.sync_gradients, "accumulation out of step with the optimizer"
         fault.before_vote(run.stop.stop_file, step + 1)
-        mean_loss, finite, stop_requested = _reduce_step(losses, run.stop.requested(), acc.device)
+        began = time.perf_counter()
+        mean_loss, finite, stop_requested, slots = _reduce_step(losses, run.stop.requested(), acc.device,
+                                                                clock.figures(), run.rank, plan.world_size)
+        clock.synced(time.perf_counter() - began)
         if finite:
             if not run.parallel.steps_in_backward:  # DeepSpeed clipped and stepped in the last backward
                 run.amp.unscale(run.optimizer)
@@ -54,6 +68,7 @@ def fit(run: Run) -> str:
             _on_nonfinite(run, step + 1, mean_loss)
         run.optimizer.zero_grad(set_to_none=True)
         run.scheduler.step()
+        clock.end_step()
         run.state.step = step + 1
         if run.heartbeat is not None:
             run.heartbeat.stepped(run.state.step)
@@ -63,7 +78,8 @@ def fit(run: Run) -> str:
                         loss=mean_loss if math.isfinite(mean_loss) else None,
                         lr=run.scheduler.get_last_lr()[0], samples_per_s=throughput.rate(),
                         eta_s=throughput.eta(plan.steps - run.state.step, plan.total),
-                        epoch=round(run.stream.epoch_at(run.state.step), 3))
+                        epoch=round(run.stream.epoch_at(run.state.step), 3),
+                        **_rank_fields(slots, step, plan.world_size))
         last = run.state.step == plan.steps
         if cfg.sample.every and run.state.step % cfg.sample.every == 0 and not last:
             draw_samples(run)
@@ -80,18 +96,29 @@ def fit(run: Run) -> str:
     return "done"
 
 
-def _reduce_step(losses: list[torch.Tensor], stop: bool, device) -> tuple[float, bool, bool]:
-    """One all-reduce per optimizer step: the mean loss over all ranks, whether every loss was finite, and
-    whether any rank was asked to stop (so all ranks stop after the same step)."""
+def _reduce_step(losses: list[torch.Tensor], stop: bool, device, figures: list[float], rank: int,
+                 world_size: int) -> tuple[float, bool, bool, list[float]]:
+    """One all-reduce per optimizer step: the mean loss over all ranks, whether every loss was finite, whether
+    any rank was asked to stop (so all ranks stop after the same step), and every rank's telemetry of the step
+    before (trainer.core.telemetry: each rank fills its own slots, the others are zero, so the sum is all)."""
     local = torch.stack(losses)
     finite = torch.isfinite(local)
+    slots = [0.0] * (WIDTH * world_size)
+    slots[rank * WIDTH:(rank + 1) * WIDTH] = figures
     stats = torch.tensor([torch.where(finite, local, 0).sum().item(), float(finite.sum()), float((~finite).sum()),
-                          float(stop)], dtype=torch.float64, device=device)
+                          float(stop), *slots], dtype=torch.float64, device=device)
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(stats)
-    total, count, nonfinite, stop_votes = stats.tolist()
+    total, count, nonfinite, stop_votes, *reduced = stats.tolist()
     mean = total / count if count else float("nan")
-    return mean, nonfinite == 0, stop_votes > 0
+    return mean, nonfinite == 0, stop_votes > 0, reduced
+
+
+def _rank_fields(slots: list[float], step: int, world_size: int) -> dict:
+    """The progress event's per-rank figures: those of the step before this one (none on a launch's first)."""
+    if not any(slots):
+        return {}
+    return {"ranks_step": step, **summarize(slots, world_size)}
 
 
 def _on_nonfinite(run: Run, step: int, mean_loss: float) -> None:

@@ -48,6 +48,7 @@ class Run:
     phase: str = "starting"  # what the processes are doing: named in the failure if a collective times out
     ema: Any = None  # diffusers' EMAModel when full.ema or lora.ema is on (trainer.engine.ema)
     heartbeat: Any = None  # trainer.engine.heartbeat.Heartbeat: the launcher's view of this rank's progress
+    input: Any = None  # trainer.engine.input.InputPipeline: each micro-batch's samples, loaded ahead of its step
 
     @property
     def rank(self) -> int:

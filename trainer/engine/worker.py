@@ -91,6 +91,10 @@ def setup(run_dir: Path, resume: Path | None):
               scheduler=scheduler, amp=Amp(plan.precision, acc.device.type), events=events, stop=stop,
               run_dir=run_dir, ema=ema, parallel=parallel)
     family.ema = ema
+    from trainer.engine.input import InputPipeline
+
+    run.input = InputPipeline(stream, family, rank=acc.process_index, steps=plan.steps,
+                              accumulation=plan.accumulation, workers=plan.data_workers, pin=plan.device == "cuda")
     if resume:
         load_run_checkpoint(run, resume)
     from trainer.engine.heartbeat import Heartbeat

@@ -4,8 +4,8 @@ A family owns its models, its dataset and its maths; the loop owns the step: acc
 clipping, optimizer and scheduler, stopping, checkpoints and events. A family is a folder under
 trainer/families/ with a torch-free spec (trainer.families.spec) naming its implementation of `Family`.
 
-Optional abilities are protocols of their own (`Evaluates`, `HasEvaluator`, `HasCheckpointMetadata`, `Bucketed`):
-the engine asks `isinstance(family, Evaluates)` instead of looking for attributes by name.
+Optional abilities are protocols of their own (`Fetches`, `Evaluates`, `HasEvaluator`, `HasCheckpointMetadata`,
+`Bucketed`): the engine asks `isinstance(family, Evaluates)` instead of looking for attributes by name.
 """
 
 from __future__ import annotations
@@ -95,6 +95,20 @@ class Family(Protocol):
 
     def save_outputs(self, out_dir: Path, *, step: int) -> list[str]:
         """Write the final artifacts; return their paths."""
+
+
+@runtime_checkable
+class Fetches(Protocol):
+    """A family whose loss splits into CPU work on the samples (read, decode, augment, cached tensors) and the
+    maths on the device: the input pipeline (trainer.engine.input) runs `fetch` ahead of the step, in DataLoader
+    workers when `data.workers` > 0, and the step calls `loss_of`. `loss_of(samples, fetch(samples))` must equal
+    `loss(samples)`, and `fetch` must be a pure function of the samples (every draw seeded by their positions)
+    that touches no model and no device: it runs in forked processes."""
+
+    def fetch(self, samples: list[Sample]) -> Any:
+        """CPU tensors in lists, tuples and dicts (what the DataLoader pins and the step moves to the device)."""
+
+    def loss_of(self, samples: list[Sample], fetched: Any) -> torch.Tensor: ...
 
 
 @runtime_checkable

@@ -5,7 +5,7 @@ trainer.core.config.datasets; the resolved folders are trainer.core.data.sources
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 from trainer.core.config.datasets import DatasetEntry
 from trainer.core.config.fields import key
@@ -33,6 +33,14 @@ class DataConfig:
     center_crop: bool = key(True, "Center-crop to the resolution; false crops at random (disables latent caching).")
     flip: bool = key(False, "Randomly flip images horizontally (latents of both sides are cached).")
     cache_latents: bool = key(True, "Encode each image with the VAE once, not every step, when augmentation allows.")
+    workers: Union[int, str] = key(
+        "auto",
+        "Input processes per training process (a torch DataLoader over the stream's positions): they read, decode "
+        "and augment the next micro-batches while the step runs, pinned for a non-blocking copy on GPUs. Every "
+        "sample is the same with any number (its draws are seeded by its position), also after a resume. `auto`: "
+        "0 on the CPU (the training processes use every core), on GPUs min(4, CPU cores per process - 1). 0 loads "
+        "each micro-batch on the training thread when its step starts. How long each step waited for its data is "
+        "in the `progress` events (`data_s`).")
     bucketing: bool = key(
         False,
         "Aspect-ratio buckets (SDXL, SD3, FLUX, SD 1.x/2.x): train each image at the bucket shape nearest to its "

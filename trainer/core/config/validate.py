@@ -87,6 +87,9 @@ def validate(config: Config, *, check_paths: bool = True) -> list[str]:
             p.append(f"batch.per_device: must be a positive integer or auto, got {b.per_device!r}")
     else:
         _positive(p, "batch.per_device", b.per_device)
+    workers = config.data.workers
+    if isinstance(workers, str) and workers != "auto" or isinstance(workers, int) and workers < 0:
+        p.append(f"data.workers: must be auto or a whole number of input processes (0 or more), got {workers!r}")
     spec = _spec(config.model.family)
     p += spec.check(config, check_paths=check_paths)
     res, multiple = config.data.resolution, spec.resolution_multiple

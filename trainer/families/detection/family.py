@@ -142,14 +142,22 @@ class DetectionFamily:
     def loss(self, samples) -> torch.Tensor:
         """samples: (position, epoch, index) triples. Augmentation and Faster R-CNN's sampling are seeded by
         each sample's position; the loss is the detector's own (the sum of its loss terms)."""
-        seed, device = self.cfg.seed, self.ctx.device
+        return self.loss_of(samples, self.fetch(samples))
+
+    def fetch(self, samples) -> tuple[list[torch.Tensor], list[dict[str, torch.Tensor]]]:
+        """The samples' images and boxes, decoded and augmented on the CPU (in a DataLoader worker with
+        data.workers > 0, trainer.engine.input): (float images, {"boxes", "labels"} targets)."""
         loaded = self.train_set.load_many([index for _, _, index in samples])
-        images, targets = [], []
-        for (position, _, _), item in zip(samples, loaded):
-            image, target = self.train_set.train_sample(item, position_seed(seed, position, _AUGMENT_STREAM))
-            images.append(image.to(device))
-            targets.append({k: v.to(device) for k, v in target.items()})
-        with self.impl.seeded(self.model, [position_seed(seed, pos, _SAMPLER_STREAM) for pos, _, _ in samples]):
+        pairs = [self.train_set.train_sample(item, position_seed(self.cfg.seed, position, _AUGMENT_STREAM))
+                 for (position, _, _), item in zip(samples, loaded)]
+        return [image for image, _ in pairs], [target for _, target in pairs]
+
+    def loss_of(self, samples, fetched) -> torch.Tensor:
+        device = self.ctx.device
+        images = [image.to(device, non_blocking=True) for image in fetched[0]]
+        targets = [{k: v.to(device, non_blocking=True) for k, v in target.items()} for target in fetched[1]]
+        seeds = [position_seed(self.cfg.seed, pos, _SAMPLER_STREAM) for pos, _, _ in samples]
+        with self.impl.seeded(self.model, seeds):
             losses = self.prepared[0](images, targets)
         return sum(losses.values())
 

@@ -8,6 +8,7 @@ boxes. Resized images are kept in memory when the whole dataset fits in `CACHE_B
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -41,7 +42,7 @@ class DetectionImages:
         if self.resizes:  # zoom/crop change the size: back to the longest side = resolution
             steps.append(v2.Resize(size=None, max_size=resolution))
         self.augment = v2.Compose(steps + [v2.SanitizeBoundingBoxes(min_size=1.0)]) if steps else None
-        self.pool = ThreadPoolExecutor(max_workers=4) if self.cache is None else None
+        self._pool: tuple[int, ThreadPoolExecutor] | None = None
 
     def __len__(self) -> int:
         return len(self.records)
@@ -77,9 +78,16 @@ class DetectionImages:
 
     def load_many(self, indices: list[int]) -> list[tuple]:
         """Decode in threads (PIL releases the GIL) when not cached; no randomness is involved here."""
-        if self.pool is None or len(indices) < 2:
+        if self.cache is not None or len(indices) < 2:
             return [self._load(i) for i in indices]
-        return list(self.pool.map(self._load, indices))
+        return list(self._threads().map(self._load, indices))
+
+    def _threads(self) -> ThreadPoolExecutor:
+        """This process's decoding threads: a DataLoader worker forked from a process whose pool had started
+        threads would inherit the pool without them and wait on it forever (trainer.engine.input)."""
+        if self._pool is None or self._pool[0] != os.getpid():
+            self._pool = (os.getpid(), ThreadPoolExecutor(max_workers=4))
+        return self._pool[1]
 
     # ---- samples ------------------------------------------------------------------------------------------
     def train_sample(self, loaded: tuple, seed: int):

@@ -66,6 +66,13 @@ class FluxFamily:
     def loss(self, samples: list[Sample]) -> torch.Tensor:
         return self.flow.loss(samples, self.prepared[0])
 
+    def fetch(self, samples: list[Sample]) -> list[dict[str, torch.Tensor]]:
+        return self.flow.data.fetch(samples)  # in a DataLoader worker with data.workers > 0 (trainer.engine.input)
+
+    def loss_of(self, samples: list[Sample], fetched: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+        with self.flow.data.fetched(samples, fetched):
+            return self.loss(samples)
+
     def render_samples(self, step: int):
         shape = trained_weights.sample_shape(self.cfg.sample, self.cfg.data.resolution, self.flow.data.buckets,
                                              self.flow.data.item_buckets)

@@ -99,6 +99,13 @@ class StableDiffusionFamily:
     def loss(self, samples: list[Sample]) -> torch.Tensor:
         return self.data.loss(samples, self._rows_loss)
 
+    def fetch(self, samples: list[Sample]) -> list[dict[str, torch.Tensor]]:
+        return self.data.fetch(samples)  # in a DataLoader worker with data.workers > 0 (trainer.engine.input)
+
+    def loss_of(self, samples: list[Sample], fetched: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+        with self.data.fetched(samples, fetched):
+            return self.loss(samples)
+
     def _rows_loss(self, rows: list[Row], stream: int, *, plain: bool = False) -> torch.Tensor:
         """Per-sample losses through the wrapped modules the loop accumulates on; `plain` (the validation loss,
         without gradients): through the modules themselves, which no DDP wrapper expects a backward of."""
