@@ -25,6 +25,7 @@ from trainer.core.data.masks import check_masks
 from trainer.core.data.scan import ImageItem
 from trainer.core.data.sources import image_targets, shape_groups, sources
 from trainer.families.components.captioned import load_image_tensor, sample_rng
+from trainer.families.components.disk_rows import Column
 from trainer.families.components.latent_cache import build_latent_cache, cache_key, weights_fingerprint
 from trainer.families.components.mask_tensors import LatentMasks
 from trainer.families.components.prior import ensure_class_images
@@ -36,8 +37,8 @@ Row = tuple[int, int, int, int, str]
 position, its epoch 0; see trainer.families.components.validation)."""
 Size = int | tuple[int, int]
 """A pixel size: the square resolution, or a bucket's (width, height)."""
-LatentTable = dict[str, Any]
-"""{"mean"/"std" (+"_flip"): per-image latents, indexable by image index}."""
+LatentTable = dict[str, Column]
+"""{"mean"/"std" (+"_flip"): per-image latents, indexable by image index, read from the cache on disk}."""
 DrawImages = Callable[..., list[Image.Image]]
 """`draw(prompts, seeds, *, steps, size) -> images` with the base model (a family's `sample`)."""
 
@@ -270,9 +271,7 @@ class CaptionedLatents:
         if cached is not None:
             mirrored = flip and sample_rng(cfg.seed, epoch, expanded_index).random() < 0.5
             suffix = "_flip" if mirrored else ""
-            # Copies, not views: a view sent to another process would take the whole cache's storage with it.
-            return {"mean": cached["mean" + suffix][image_index].clone(),
-                    "std": cached["std" + suffix][image_index].clone()}
+            return {"mean": cached["mean" + suffix][image_index], "std": cached["std" + suffix][image_index]}
         pixels = load_image_tensor(self.item(image_index, kind).path, self.target(image_index, kind),
                                    crop="center" if self.center_cropped(kind) else "random", flip=flip,
                                    rng=sample_rng(cfg.seed, epoch, expanded_index))
@@ -285,17 +284,17 @@ class CaptionedLatents:
         image. `flip`: also cache the mirrored latents (used only for the images whose folder flips)."""
         if buckets is None or image_bucket is None:
             return self._cache_rows(items, kind, size or self.cfg.data.resolution, flip)
-        table: dict[str, list] = {}
+        places: dict[str, list] = {}
         for bucket, size in enumerate(buckets):
             members = [i for i, b in enumerate(image_bucket) if b == bucket]
             rows = self._cache_rows([items[i] for i in members], kind, size, flip)
             for name, values in rows.items():
-                column = table.setdefault(name, [None] * len(items))
+                column = places.setdefault(name, [None] * len(items))
                 for row, index in enumerate(members):
-                    column[index] = values[row]
-        return table
+                    column[index] = (values.rows, row)
+        return {name: Column.gather(name, column) for name, column in places.items()}
 
-    def _cache_rows(self, items: list[ImageItem], kind: str, size: Size, flip: bool) -> dict[str, torch.Tensor]:
+    def _cache_rows(self, items: list[ImageItem], kind: str, size: Size, flip: bool) -> dict[str, Column]:
         cfg, ctx = self.cfg, self.ctx
         # The key's parts are those of the first runs' caches: changing them orphans every cache on disk.
         parts: dict[str, Any] = {"model": cfg.model.path, "vae": dict(self.vae.config), "res": cfg.data.resolution,

@@ -1,11 +1,14 @@
-"""Encode every training image with the VAE once, in parallel across ranks, one writer per file.
+"""Encode every training image with the VAE once, in parallel across ranks, one writer per node.
 
 Images are split into fixed chunks by index (not by rank), each chunk encoded as one batch, so the cached
 values do not depend on the number of processes. Rank r encodes the chunks c with c % world == r that are
-not already cached, and sends them to every other rank through the process group: on several machines each
-node has its own disk, so a file written by a rank on another node is never assumed to be visible. Each
-process writes the chunks it received into its own cache folder atomically (temp file + rename; identical
-contents if two ranks of one node race), so later runs with the same images, model and resolution reuse them.
+not already cached, and sends them to every other rank through the process group, as safetensors bytes in a
+tensor: on several machines each node has its own disk, so a file written by a rank on another node is never
+assumed to be visible. The first process of each node (LOCAL_RANK 0) writes the chunks its node lacks,
+atomically (temp file + rename), in the precision the encoder produced (bf16 on GPUs: half of float32); later
+runs with the same images, model and resolution reuse them. Nothing is kept in memory: the rows are read from
+disk when a sample needs them (trainer.families.components.disk_rows), so a rank's memory does not grow with
+the dataset (bench/cache_scale.py measures it).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
+
+from trainer.families.components.disk_rows import Column, DiskRows
 
 CHUNK = 8
 
@@ -69,15 +74,18 @@ def build_latent_cache(
     world_size: int,
     barrier: Callable[[], None],
     device="cpu",
-) -> dict[str, torch.Tensor]:
-    """`encode(indices)` returns a dict of (len(indices), ...) tensors; the result stacks all `count` rows."""
+    local_rank: int | None = None,
+) -> dict[str, Column]:
+    """`encode(indices)` returns a dict of (len(indices), ...) tensors; the result has a column per key, each
+    indexable by row in [0, count) and read from disk. `local_rank`: this process's place on its node (default:
+    torchrun's LOCAL_RANK, else `rank`); the node's 0 writes."""
     folder.mkdir(parents=True, exist_ok=True)
+    if local_rank is None:
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
     paths = [folder / f"chunk-{c:06d}.safetensors" for c in range((count + CHUNK - 1) // CHUNK)]
     everywhere = _cached_everywhere(paths, device)
-    parts: list[dict[str, torch.Tensor]] = []
     for chunk, path in enumerate(paths):
         if everywhere[chunk]:
-            parts.append(load_file(str(path)))
             continue
         owner = chunk % world_size
         tensors = None
@@ -86,14 +94,13 @@ def build_latent_cache(
                 tensors = load_file(str(path))
             else:
                 indices = list(range(chunk * CHUNK, min(count, (chunk + 1) * CHUNK)))
-                tensors = {k: v.detach().float().cpu().contiguous() for k, v in encode(indices).items()}
+                tensors = {k: v.detach().cpu().contiguous() for k, v in encode(indices).items()}
         if _distributed():
             from trainer.families.components.collectives import broadcast_tensors
 
             tensors = broadcast_tensors(tensors, src=owner)  # safetensors bytes, not a pickle
         assert tensors is not None, "without torch.distributed, this process owns every chunk"
-        if not path.exists():
+        if local_rank == 0 and not path.exists():
             _write(path, tensors)
-        parts.append(tensors)
-    barrier()
-    return {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
+    barrier()  # every node's writer has written: its other ranks read the files
+    return DiskRows(paths, CHUNK, count).table()

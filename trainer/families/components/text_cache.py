@@ -29,6 +29,7 @@ from typing import Callable, Iterable
 
 import torch
 
+from trainer.families.components.disk_rows import Column
 from trainer.families.components.latent_cache import build_latent_cache
 
 
@@ -40,9 +41,10 @@ def text_cache_key(model: dict, captions: Iterable[str]) -> str:
 
 
 class TextEmbeddings:
-    """Cached encoder outputs, looked up by caption (CPU fp32 tensors)."""
+    """Cached encoder outputs, looked up by caption (CPU fp32 tensors, read from disk per caption:
+    trainer.families.components.disk_rows)."""
 
-    def __init__(self, captions: list[str], tensors: dict[str, torch.Tensor]):
+    def __init__(self, captions: list[str], tensors: dict[str, Column]):
         self.index = {caption: i for i, caption in enumerate(captions)}
         self.tensors = tensors
 
@@ -57,8 +59,8 @@ class TextEmbeddings:
         return {k: v[i] for k, v in self.tensors.items()}
 
     def stack(self, captions: list[str]) -> dict[str, torch.Tensor]:
-        rows = torch.tensor([self.index[c] for c in captions], dtype=torch.long)
-        return {k: v.index_select(0, rows) for k, v in self.tensors.items()}
+        rows = [self.index[c] for c in captions]
+        return {k: torch.stack([v[i] for i in rows]) for k, v in self.tensors.items()}
 
 
 def build_text_cache(
