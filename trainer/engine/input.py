@@ -16,7 +16,7 @@ reported in `progress` events (trainer.engine.telemetry).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -33,6 +33,11 @@ class MicroBatch:
     micro: int
     samples: list[Sample]
     fetched: Any  # the family's fetch(samples), or None: the family loads in `loss(samples)`
+
+    def pin_memory(self) -> "MicroBatch":
+        """Called by the DataLoader's pinning thread (pin_memory=True on CUDA): page-locked tensors copy to the
+        GPU without blocking the step (`to_device`)."""
+        return replace(self, fetched=_map_tensors(self.fetched, lambda t: t.pin_memory()))
 
 
 class _Positions(torch.utils.data.Dataset):
@@ -97,10 +102,14 @@ class InputPipeline:
 
 def to_device(value: Any, device: torch.device) -> Any:
     """`value`'s tensors on `device` (non-blocking from pinned memory), through lists, tuples and dicts."""
+    return _map_tensors(value, lambda t: t.to(device, non_blocking=True))
+
+
+def _map_tensors(value: Any, fn) -> Any:
     if isinstance(value, torch.Tensor):
-        return value.to(device, non_blocking=True)
+        return fn(value)
     if isinstance(value, dict):
-        return {k: to_device(v, device) for k, v in value.items()}
+        return {k: _map_tensors(v, fn) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(to_device(v, device) for v in value)
+        return type(value)(_map_tensors(v, fn) for v in value)
     return value
