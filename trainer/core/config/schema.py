@@ -57,6 +57,24 @@ class ModelConfig:
         "LoRA itself always trains in fp32.",
         choices=("default", "fp8", "nf4"),
     )
+    fp8_compute: str = key(
+        "auto",
+        "With model.base_weights=fp8: whether the frozen Linear layers also multiply in fp8 (kohya/musubi's "
+        "`--fp8_scaled` with `--fp8_fast`; torchao's float8 rowwise recipe, for frozen weights), which saves time as "
+        "well as memory: `auto` (where the GPUs have fp8 tensor cores, compute capability 8.9+: RTX 40xx/50xx, "
+        "L4, L40, H100, H200, B200; elsewhere, and on the CPU, storage only as `fp8` describes, with a note in the "
+        "plan), `on` (always: refused on older GPUs; on the CPU it runs torch's reference fp8 matmul, slower than "
+        "fp32, for tests) or `off` (storage only). The plan line says `· fp8 matmul` when it is used. Each such layer "
+        "keeps its weight in float8 e4m3 with a power-of-two scale per output row, quantizes its input per row as "
+        "it arrives and multiplies with torch._scaled_mm (bf16 out); the backward gives the input's gradient, the "
+        "one the LoRA layers upstream need, through an fp8 matmul too, and nothing is upcast, so "
+        "train.gradient_checkpointing is not needed for the memory. Layers with a dimension that is not a "
+        "multiple of 16, norms, embeddings and convolutions stay as `fp8` stores them; the LoRA stays fp32. It "
+        "rounds the activations to 8 bits as well as the weights: each matmul is off by about 3.5% (relative, "
+        "against 0.3% for bf16), the training loss of the tiny FLUX and SDXL LoRAs by under 1% over 40 steps "
+        "(bench/README.md, `python bench/fp8_loss.py`).",
+        choices=("auto", "on", "off"),
+    )
     zero_terminal_snr: bool = key(
         False,
         "SD and SDXL: rescale the noise schedule so that its last timestep is pure noise (zero terminal SNR, Lin et "
