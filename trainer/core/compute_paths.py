@@ -1,11 +1,12 @@
 """Which compute paths a run takes on this machine, for the plan (trainer.core.plan): the fp8 matmul of
-`model.fp8_compute`. Torch-free: pure functions of the
+`model.fp8_compute` and the channels-last UNet of `train.channels_last`. Torch-free: pure functions of the
 config, the hardware description and the plan's device."""
 
 from __future__ import annotations
 
 from trainer.core.config.schema import Config
 from trainer.core.hardware import Hardware
+from trainer.families import spec_of
 
 FP8_MATMUL_CAPABILITY = 8.9  # Ada (RTX 40xx, L4, L40); Hopper is 9.0, Blackwell 10.0 / 12.0
 _STORED_ONLY = "the fp8 base weights are stored in float8 and upcast for each layer (saves memory, not time)"
@@ -37,3 +38,12 @@ def fp8_compute(config: Config, hw: Hardware, device: str,
         return False, [], [f"model.fp8_compute: on cannot run here: {why}; set model.fp8_compute=auto (fp8 "
                            "storage only) or off"]
     return False, [f"model.fp8_compute auto: {_STORED_ONLY}, because {why}"], []
+
+
+def channels_last(config: Config, device: str) -> bool:
+    """Whether the UNet (and VAE) of this run are stored channels-last: `auto` on CUDA for LoRA runs of the UNet
+    families (`on` elsewhere is refused by the config's validation)."""
+    wanted = config.train.channels_last
+    if wanted != "auto":
+        return wanted == "on"
+    return device == "cuda" and config.method == "lora" and spec_of(config.model.family).channels_last

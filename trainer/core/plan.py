@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from trainer.core.compute_paths import fp8_compute
+from trainer.core.compute_paths import channels_last, fp8_compute
 from trainer.core.config.schema import Config
 from trainer.core.config.validate import parse_devices
 from trainer.errors import ConfigError
@@ -41,6 +41,8 @@ class Plan:
     probe_batch: bool = False
     # model.fp8_compute: the frozen Linear layers multiply in fp8 (trainer.families.components.fp8_linear).
     fp8_compute: bool = False
+    # train.channels_last: the UNet and VAE are stored channels-last (trainer.families.components.unet_training).
+    channels_last: bool = False
 
     @property
     def world_size(self) -> int:
@@ -329,4 +331,5 @@ def make_plan(config: Config, hw: Hardware, parameters: int | None = None) -> Pl
         zero_stage=config.distributed.zero_stage if sharding == "deepspeed" else 0,
         probe_batch=probe_batch,
         fp8_compute=fp8,
+        channels_last=channels_last(config, device),
     )

@@ -200,7 +200,8 @@ class TrainConfig:
     text_encoder_lr: Optional[float] = key(None, "Learning rate of the text encoder; defaults to `train.lr`.")
     optimizer: str = key(
         "adamw",
-        "`adamw` (PyTorch's fused CUDA kernel on GPUs), `adamw8bit` (bitsandbytes, CUDA only: a quarter of "
+        "`adamw` (PyTorch's fused CUDA kernel where every trained tensor is a plain CUDA tensor, its foreach "
+        "implementation elsewhere: FSDP's shards, the CPU; `sgd` likewise; the run's log names it), `adamw8bit` (bitsandbytes, CUDA only: a quarter of "
         "AdamW's state memory), `sgd` (momentum 0.9), `prodigy` (Prodigy, `prodigyopt`: estimates the step size "
         "itself, so train.lr is a multiplier and 1.0 is its norm; `pip install 'imagetune[optimizers]'`), "
         "`adafactor` (factored second moments: a fraction of AdamW's state, the memory path for single-GPU full "
@@ -246,6 +247,15 @@ class TrainConfig:
         "the exposure bias of sampling. Every diffusion family; the validation loss is measured without it; 0 "
         "disables it.")
     gradient_checkpointing: bool = key(False, "Trade compute for memory: recompute activations in backward.")
+    channels_last: str = key(
+        "auto",
+        "Store the UNet (SD, SDXL) and VAE of a LoRA run in channels-last memory format (NHWC), which cuDNN's "
+        "convolution kernels on tensor cores prefer: `auto` (on for LoRA runs of the UNet families on CUDA), `on` "
+        "(also on the CPU), `off`. Same results within float rounding (convolution kernels differ); the LoRA and "
+        "its files are unchanged. A full fine-tune keeps the standard layout (its saved weights must be "
+        "contiguous), and the transformer families (SD3, FLUX) have almost no convolutions: both refuse `on`.",
+        choices=("auto", "on", "off"),
+    )
     max_nonfinite_steps: int = key(
         5, "Skip steps with a NaN/inf loss; after this many in a row the run fails (keeping its last checkpoint)."
     )

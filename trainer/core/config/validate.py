@@ -123,6 +123,10 @@ def validate(config: Config, *, check_paths: bool = True) -> list[str]:
     if config.model.fp8_compute == "on" and base_weights != "fp8":
         p.append("model.fp8_compute: on multiplies with the fp8 base weights, and model.base_weights is "
                  f"{base_weights}: set model.base_weights=fp8 too, or model.fp8_compute=auto")
+    if config.train.channels_last == "on" and (config.method != "lora" or not spec.channels_last):
+        p.append("train.channels_last: on is for LoRA runs of the UNet families (sd, sdxl): a full fine-tune saves "
+                 "its weights in the standard layout and SD3 / FLUX / detection are not stored channels-last here; "
+                 "set train.channels_last=auto")
     if config.distributed.zero_stage not in (1, 2):
         p.append(f"distributed.zero_stage: 1 or 2, got {config.distributed.zero_stage} (for sharded weights, ZeRO-3, "
                  "use distributed.sharding=fsdp)")
