@@ -67,6 +67,22 @@ def test_validation_names_the_keys():
                 check_paths=False)
 
 
+def test_a_torch_build_without_the_kernel_stops_the_run_naming_the_key(monkeypatch):
+    """Capability 8.9+ is the plan's test; the kernel itself is tried on the device before anything is quantized."""
+    from trainer.errors import UserError
+    from trainer.families.components import fp8_linear
+
+    fp8_linear.require_fp8_matmul(torch.device("cpu"))  # torch's CPU kernel: there
+
+    def missing(*args, **kwargs):
+        raise RuntimeError("Rowwise scaling is not currently supported on your device")
+
+    monkeypatch.setattr(fp8_linear, "_scaled_mm", missing)
+    with pytest.raises(UserError, match="model.fp8_compute: this torch build has no row-wise fp8 matmul .* set "
+                                        "model.fp8_compute=off"):
+        fp8_linear.require_fp8_matmul(torch.device("cpu"))
+
+
 def test_the_probe_reports_compute_capability_through_json():
     hw = _gpus(8.9, 12.0)
     assert Hardware.from_json(hw.to_json()) == hw

@@ -37,9 +37,10 @@ def place_frozen_network(module: ModelMixin, base_weights: str, device: torch.de
         return
     module.to(dtype=dtype)
     if base_weights == "fp8":
-        from trainer.families.components.fp8_linear import Fp8Linear, swap_in_fp8_linears
+        from trainer.families.components.fp8_linear import Fp8Linear, require_fp8_matmul, swap_in_fp8_linears
 
         if fp8_compute:
+            require_fp8_matmul(device)  # before anything is quantized: a build without the kernel fails here, clearly
             swap_in_fp8_linears(module, dtype, device, layerwise_casting_skips(module))
         # Convolutions stay as they are: under gradient checkpointing their recomputed forward saw the float8
         # weight (torch's CheckpointError), Linear layers do not. UNets keep their ResNet convolutions in the

@@ -104,6 +104,23 @@ class Fp8Linear(torch.nn.Linear):
         return self.weight.float() * self.weight_scale.view(-1, 1)
 
 
+def require_fp8_matmul(device: torch.device) -> None:
+    """Run one small row-wise fp8 matmul on `device`, or raise a UserError naming the key: compute capability
+    8.9+ is what the plan checks, but a torch build may still lack the kernel for a GPU (torch's CUTLASS kernels
+    cover 8.9, 9.x and 10.x; 12.x, RTX 50xx, needs cuBLAS 12.9+)."""
+    from trainer.errors import UserError
+
+    a = torch.ones(16, 16, device=device).to(FP8)
+    ones = torch.ones(16, 1, device=device)
+    try:
+        _scaled_mm(a, ones, a.t(), ones.view(1, 16))
+    except RuntimeError as err:
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+        raise UserError(f"model.fp8_compute: this torch build has no row-wise fp8 matmul for {name} ("
+                        f"{str(err).splitlines()[0]}); set model.fp8_compute=off to keep the fp8 base weights as "
+                        "storage only, or install a torch built for this GPU (CUDA 12.9 or newer).") from None
+
+
 def fits(linear: torch.nn.Linear) -> bool:
     """Whether `linear` can take the fp8 matmul: frozen, floating, both dims multiples of 16."""
     w = linear.weight
