@@ -5,9 +5,9 @@
 
 `sd` is the demo's pretrained tiny SD (`demo://tiny-sd`) learning the demo's concept (`demo://sks-circle`, the
 yellow circles), the only one of the three whose loss means something; `flux` and `sdxl` are the tests' random
-tiny models on generated circles and squares. Each model trains one LoRA per storage of its frozen network, from the same initial adapter on the same
-batches with the same noise (the engine's draws are a function of the step), under bf16 autocast as a bf16 run
-does: `bf16` (model.base_weights=default), `fp8 storage` (base_weights=fp8, fp8_compute=off: diffusers' layerwise
+tiny models on generated circles and squares. Each model trains one LoRA per storage of its frozen network,
+from the same initial adapter on the same batches with the same noise (the engine's draws are a function of the
+step), under bf16 autocast as a bf16 run does: `bf16` (model.base_weights=default), `fp8 storage` (base_weights=fp8, fp8_compute=off: diffusers' layerwise
 casting, each layer upcast to bf16) and `fp8 compute` (fp8_compute=on: e4m3 weights and activations multiplied by
 torch._scaled_mm, trainer.families.components.fp8_linear). Also `fp32` (precision=fp32), to show how far bf16
 itself is from full precision. Reported per storage: the mean and largest relative difference of the per-step
@@ -102,8 +102,6 @@ def train(name: str, model: Path, data: Path, work: Path, overrides: list[str], 
 
 
 def compare(runs: dict) -> dict:
-    import torch
-
     ref_losses, ref_weights = runs["bf16"][0], runs["bf16"][1]
     out = {}
     for storage, (losses, weights, seconds) in runs.items():
@@ -111,9 +109,8 @@ def compare(runs: dict) -> dict:
         diff = sum(float((weights[n] - ref_weights[n]).norm() ** 2) for n in ref_weights) ** 0.5
         norm = sum(float(ref_weights[n].norm() ** 2) for n in ref_weights) ** 0.5
         out[storage] = {"loss_rel_mean": sum(rel) / len(rel), "loss_rel_max": max(rel),
-                        "lora_rel_diff": diff / norm, "first_loss": losses[0], "last5_loss": sum(losses[-5:]) / 5,
+                        "lora_rel_diff": diff / norm, "first_loss": losses[0], "last5_loss": sum(losses[-5:]) / len(losses[-5:]),
                         "seconds": round(seconds, 1)}
-    del torch
     return out
 
 

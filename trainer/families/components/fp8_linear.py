@@ -35,8 +35,8 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _scaled_mm(a_q, a_scale, b_q_colmajor, b_scale, bias=None) -> torch.Tensor:
-    # Row-wise scales: the kernel for those (CUTLASS, sm89/sm90/sm100) writes bf16 only, so the output is bf16 on
-    # every device (the CPU's too, for the same numbers) and the caller casts to its dtype.
+    # Row-wise scales: torch's CUDA kernels for those (CUTLASS on 8.9-10.x, cuBLAS 12.9+ on 9.0+) write bf16, so
+    # the output is bf16 on every device (the CPU's too, for the same numbers) and the caller casts to its dtype.
     return torch._scaled_mm(a_q, b_q_colmajor, scale_a=a_scale, scale_b=b_scale, bias=bias,
                             out_dtype=torch.bfloat16)
 
@@ -62,8 +62,8 @@ class _Fp8Matmul(torch.autograd.Function):
         g = grad_out.reshape(-1, out_features)
         # grad_x = grad_out @ (W_q * s_row): the weight's row scales lie along the contracted dimension here, so
         # they go into grad_out's columns (exact: powers of two) before it is quantized row by row.
-        g = (g.float() if g.dtype == torch.float16 else g) * weight_scale.view(1, -1).to(
-            torch.float32 if g.dtype == torch.float16 else g.dtype)
+        work = torch.float32 if g.dtype == torch.float16 else g.dtype  # fp16 would underflow, as in quantize_rows
+        g = g.to(work) * weight_scale.view(1, -1).to(work)
         g_q, g_scale = quantize_rows(g)
         ones = torch.ones(1, in_features, device=weight.device, dtype=torch.float32)
         # _scaled_mm takes its second operand column-major: a transposed copy of the 8-bit weight, for this call.
@@ -74,7 +74,8 @@ class _Fp8Matmul(torch.autograd.Function):
 class Fp8Linear(torch.nn.Linear):
     """A frozen nn.Linear whose weight is stored in e4m3 (`weight`, shape (out, in)) with a power-of-two scale
     per output row (`weight_scale`, float32) and whose forward is an fp8 matmul. Its output has its input's
-    dtype (under autocast, autocast's). `compute_dtype` is the dtype peft gives the adapters it adds on top (not float8).
+    dtype (under autocast, autocast's). `compute_dtype` is the dtype peft gives the adapters it adds on top
+    (not float8).
 
     Both are buffers, not parameters: diffusers' `model.dtype` (which its pipelines cast inputs to) is the dtype
     of the first floating parameter, and FLUX's first is a Linear weight; DDP is told to leave float8 buffers
