@@ -109,7 +109,8 @@ def compare(runs: dict) -> dict:
         diff = sum(float((weights[n] - ref_weights[n]).norm() ** 2) for n in ref_weights) ** 0.5
         norm = sum(float(ref_weights[n].norm() ** 2) for n in ref_weights) ** 0.5
         out[storage] = {"loss_rel_mean": sum(rel) / len(rel), "loss_rel_max": max(rel),
-                        "lora_rel_diff": diff / norm, "first_loss": losses[0], "last5_loss": sum(losses[-5:]) / len(losses[-5:]),
+                        "lora_rel_diff": diff / norm, "first_loss": losses[0],
+                        "last5_loss": sum(losses[-5:]) / len(losses[-5:]),
                         "seconds": round(seconds, 1)}
     return out
 
