@@ -252,14 +252,17 @@ def frozen_bf16(module):
 
 
 def store_base_weights(net, spec: dict, device) -> None:
-    """`--base-weights fp8 | nf4`: the frozen network stored as the engine stores it for `model.base_weights`
-    (trainer.families.components.base_weights.place_frozen_network), before LoRA is added."""
+    """`--base-weights fp8 | fp8-compute | nf4`: the frozen network stored as the engine stores it for
+    `model.base_weights` (trainer.families.components.base_weights.place_frozen_network; fp8-compute is fp8 with
+    `model.fp8_compute` on), before LoRA is added."""
     import torch
 
     from trainer.families.components.base_weights import place_frozen_network
 
-    if spec.get("base_weights", "default") != "default":
-        place_frozen_network(net, spec["base_weights"], device, torch.bfloat16)
+    storage = spec.get("base_weights", "default")
+    if storage != "default":
+        place_frozen_network(net, "fp8" if storage == "fp8-compute" else storage, device, torch.bfloat16,
+                             fp8_compute=storage == "fp8-compute")
 
 
 def n_params(module) -> int:
@@ -726,9 +729,11 @@ def main(argv=None) -> int:
                    help="timed steps per configuration (default SDXL 10, FLUX 8; dry run 1)")
     p.add_argument("--warmup", type=int, default=None, help="warm-up steps per configuration (default 2; dry run 1)")
     p.add_argument("--lora-rank", type=int, default=16)
-    p.add_argument("--base-weights", choices=("default", "fp8", "nf4"), default="default",
+    p.add_argument("--base-weights", choices=("default", "fp8", "fp8-compute", "nf4"), default="default",
                    help="how the frozen network is stored, as model.base_weights (fp8: diffusers' layerwise casting; "
-                        "nf4: torchao's NF4Tensor); one storage per invocation, give each its own --out")
+                        "fp8-compute: fp8 with model.fp8_compute on, the Linear layers multiplied by "
+                        "torch._scaled_mm, needs compute capability 8.9+; nf4: torchao's NF4Tensor); one storage "
+                        "per invocation, give each its own --out")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="the GPU's peak dense bf16 TFLOP/s, when its name is not in gpu_sd15.py's table")
     p.add_argument("--time-budget", type=float, default=330.0,

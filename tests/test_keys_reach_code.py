@@ -24,7 +24,7 @@ from trainer.core.hardware import Hardware
 
 TESTS = Path(__file__).parent
 GPUS = Hardware(gpu_count=2, gpu_names=("H100", "H100"), gpu_memory_gb=(80.0, 80.0), bf16=True, xformers=True,
-                cpu_count=16)
+                cpu_count=16, gpu_capability=(9.0, 9.0))
 
 
 @dataclass(frozen=True)
@@ -154,6 +154,7 @@ ROWS: dict[str, Seen | Shown] = {
     "model.revision": Shown("test_keys_reach_code.py::test_hub_keys_reach_from_pretrained"),
     "model.variant": Shown("test_keys_reach_code.py::test_hub_keys_reach_from_pretrained"),
     "model.base_weights": Shown("test_base_weights.py::test_fp8_base_weights_store_the_network_in_float8_and_the_lora_still_learns"),
+    "model.fp8_compute": Seen("model.fp8_compute=auto", "plan"),
     "model.zero_terminal_snr": Seen("model.zero_terminal_snr=true", "loss"),
     "data.path": Shown("test_data.py::test_captions_from_same_name_text_files"),
     "data.datasets": Shown("test_datasets.py::test_each_folder_trains_with_its_own_repeats_resolution_flip_and_captions"),
@@ -228,6 +229,7 @@ ROWS: dict[str, Seen | Shown] = {
     "train.huber_delta": Shown("test_objective.py::test_the_loss_choice_reaches_every_family"),
     "train.input_perturbation": Seen("train.input_perturbation=0.1", "loss"),
     "train.gradient_checkpointing": Shown("test_base_weights.py::test_fp8_base_weights_store_the_network_in_float8_and_the_lora_still_learns"),
+    "train.channels_last": Seen("train.channels_last=off", "plan"),
     "train.max_nonfinite_steps": Shown("test_engine.py::test_non_finite_losses_fail_the_run_and_keep_the_last_good_checkpoint"),
     "sample.every": Shown("test_tiny_base.py::test_the_demo_lora_teaches_the_concept_and_keeps_the_control"),
     "sample.prompts": Seen("sample.prompts=[a cat]", "sample_shape"),
@@ -291,6 +293,7 @@ NEEDS = {
                                                                         "precision=bf16"],
     "train.scheduler_power": ["train.scheduler=polynomial"], "seed": ["data.flip=true"],
     "train.scheduler": ["train.warmup_steps=0"],
+    "model.fp8_compute": ["model.base_weights=fp8", "train.gradient_checkpointing=true"],
 }
 
 

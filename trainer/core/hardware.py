@@ -1,4 +1,4 @@
-"""What the machine offers: GPUs, bf16, xformers, bitsandbytes. `Hardware` itself is torch-free.
+"""What the machine offers: GPUs, their compute capability, bf16, xformers, bitsandbytes. `Hardware` itself is torch-free.
 
 Probing imports torch, so it lives on the engine side (trainer.engine.probe); the launcher and the web UI run
 `python -m trainer.engine.probe` (`probe_in_subprocess`) and read the JSON it prints.
@@ -19,6 +19,9 @@ class Hardware:
     gpu_names: tuple[str, ...] = ()
     gpu_memory_gb: tuple[float, ...] = ()
     bf16: bool = False  # every visible GPU supports bf16
+    # CUDA compute capability of each GPU as major.minor (8.9 Ada, 9.0 Hopper): fp8 matmuls need 8.9+. Empty when
+    # unknown (a probe from before it was recorded): nothing that needs it is chosen then.
+    gpu_capability: tuple[float, ...] = ()
     xformers: bool = False  # importable (and so usable with this torch)
     bitsandbytes: bool = False
     cpu_count: int = 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from trainer.core.compute_paths import channels_last, fp8_compute
 from trainer.core.config.schema import Config
 from trainer.core.config.validate import parse_devices
 from trainer.errors import ConfigError
@@ -40,6 +41,10 @@ class Plan:
     probe_batch: bool = False
     # Input processes per training process (data.workers; trainer.engine.input): 0 loads on the training thread.
     data_workers: int = 0
+    # model.fp8_compute: the frozen Linear layers multiply in fp8 (trainer.families.components.fp8_linear).
+    fp8_compute: bool = False
+    # train.channels_last: the UNet and VAE are stored channels-last (trainer.families.components.unet_training).
+    channels_last: bool = False
 
     @property
     def world_size(self) -> int:
@@ -54,7 +59,8 @@ class Plan:
         where = "cpu" if self.device == "cpu" else f"gpu {','.join(map(str, self.gpu_ids))}"
         line = (
             f"{head} x {self.per_device} per device x accumulation {self.accumulation} = batch {self.total}"
-            f" · {self.precision} · {self.attention}{self._sharding_text()} · {where}"
+            f" · {self.precision}{' · fp8 matmul' if self.fp8_compute else ''} · {self.attention}"
+            f"{self._sharding_text()} · {where}"
         )
         if self.buckets:
             from trainer.core.data.buckets import describe
@@ -265,6 +271,9 @@ def make_plan(config: Config, hw: Hardware, parameters: int | None = None) -> Pl
             "attention: xformers is not usable here (it needs CUDA and `pip install imagetune[xformers]` built "
             "for this torch); use attention=sdpa"
         )
+    fp8, fp8_notes, fp8_problems = fp8_compute(config, hw, device, gpu_ids)
+    notes += fp8_notes
+    problems += fp8_problems
     if config.train.optimizer == "adamw8bit" and not (device == "cuda" and hw.bitsandbytes):
         problems.append(
             "train.optimizer: adamw8bit needs bitsandbytes on a CUDA GPU (`pip install imagetune[bnb]`); use adamw"
@@ -326,6 +335,8 @@ def make_plan(config: Config, hw: Hardware, parameters: int | None = None) -> Pl
         zero_stage=config.distributed.zero_stage if sharding == "deepspeed" else 0,
         probe_batch=probe_batch,
         data_workers=resolve_data_workers(config.data.workers, device, hw.cpu_count, processes),
+        fp8_compute=fp8,
+        channels_last=channels_last(config, device),
     )
 
 

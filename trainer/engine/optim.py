@@ -14,7 +14,7 @@ def build_optimizer(groups: list[dict], train: TrainConfig) -> torch.optim.Optim
     if train.optimizer == "adamw":
         beta1, beta2 = train.betas  # two, validated
         return torch.optim.AdamW(groups, betas=(beta1, beta2), eps=train.eps, weight_decay=train.weight_decay,
-                                 fused=_fusable(groups) or None)
+                                 **_kernel(groups))
     if train.optimizer == "adamw8bit":
         try:
             import bitsandbytes as bnb
@@ -23,7 +23,7 @@ def build_optimizer(groups: list[dict], train: TrainConfig) -> torch.optim.Optim
                             "install it with `pip install imagetune[bnb]` or use train.optimizer=adamw") from None
         return bnb.optim.AdamW8bit(groups, betas=tuple(train.betas), eps=train.eps, weight_decay=train.weight_decay)
     if train.optimizer == "sgd":
-        return torch.optim.SGD(groups, momentum=0.9, weight_decay=train.weight_decay)
+        return torch.optim.SGD(groups, momentum=0.9, weight_decay=train.weight_decay, **_kernel(groups))
     if train.optimizer == "prodigy":
         from prodigyopt import Prodigy
 
@@ -74,13 +74,31 @@ def averaged_weights(optimizer: torch.optim.Optimizer):
             group["train_mode"] = True
 
 
-def _fusable(groups: list[dict]) -> bool:
-    """AdamW's fused CUDA kernel (one launch for every parameter, instead of a few per tensor list) where every
-    trained tensor is a plain CUDA tensor; FSDP's sharded DTensors and CPU runs keep the default implementation."""
+_FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def kernel_choice(params) -> str:
+    """"fused" or "foreach": how torch's AdamW / SGD step the trained tensors. Fused (one CUDA kernel for every
+    parameter, instead of a few launches per tensor list) where every trained tensor is a plain floating CUDA
+    tensor of a dtype it takes; foreach otherwise: FSDP's sharded DTensors, and the CPU, where it is bit for bit
+    torch's for-loop (measured) and a little faster. (The CPU also has a fused AdamW since torch 2.4, 6x faster
+    on 200 small tensors here, but one ulp away from the for-loop: the CPU runs keep their numbers.)"""
     from torch.distributed.tensor import DTensor
 
-    params = [p for g in groups for p in g["params"]]
-    return bool(params) and all(p.is_cuda and p.dtype == torch.float32 and not isinstance(p, DTensor) for p in params)
+    params = list(params)
+    fused = bool(params) and all(p.device.type == "cuda" and p.dtype in _FUSED_DTYPES and not isinstance(p, DTensor)
+                                 for p in params)
+    return "fused" if fused else "foreach"
+
+
+def _kernel(groups: list[dict]) -> dict:
+    return {kernel_choice(p for g in groups for p in g["params"]): True}
+
+
+def describe(optimizer: torch.optim.Optimizer) -> str:
+    """The optimizer and its kernel, for the run's log: `AdamW (fused)`."""
+    kernel = next((k for k in ("fused", "foreach") if optimizer.defaults.get(k)), None)
+    return type(optimizer).__name__ + (f" ({kernel})" if kernel else "")
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, train: TrainConfig):

@@ -19,12 +19,14 @@ def probe() -> Hardware:
         props = torch.cuda.get_device_properties(i)
         names.append(props.name)
         memory.append(round(props.total_memory / 2**30, 1))
-    bf16 = count > 0 and all(torch.cuda.get_device_capability(i)[0] >= 8 for i in range(count))
+    capability = [torch.cuda.get_device_capability(i) for i in range(count)]
+    bf16 = count > 0 and all(major >= 8 for major, _ in capability)
     return Hardware(
         gpu_count=count,
         gpu_names=tuple(names),
         gpu_memory_gb=tuple(memory),
         bf16=bf16,
+        gpu_capability=tuple(major + minor / 10 for major, minor in capability),
         xformers=count > 0 and _importable("xformers.ops"),
         bitsandbytes=count > 0 and _importable("bitsandbytes"),
         cpu_count=os.cpu_count() or 1,

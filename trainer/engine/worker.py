@@ -38,7 +38,7 @@ def setup(run_dir: Path, resume: Path | None):
     from trainer.families.protocol import Bucketed, WorkerContext
     from trainer.engine.run import Run
     from trainer.engine.ema import build_ema
-    from trainer.engine.optim import build_optimizer, build_scheduler
+    from trainer.engine.optim import build_optimizer, build_scheduler, describe as describe_optimizer
     from trainer.engine.precision import Amp
     from trainer.engine.run_io import load_run_checkpoint, load_weights
     from trainer.engine.parallel import for_plan
@@ -84,6 +84,8 @@ def setup(run_dir: Path, resume: Path | None):
         load_weights(family, resume)  # before DDP wraps the modules (DDP then broadcasts rank 0's weights)
     parallel.shard(family)  # FSDP replaces the parameters by their shards: before the optimizer takes them
     optimizer = build_optimizer(family.param_groups(), config.train)
+    if acc.is_main_process:
+        print(f"optimizer: {describe_optimizer(optimizer)}", flush=True)  # the kernel chosen (trainer.engine.optim)
     scheduler = build_scheduler(optimizer, config.train)
     ema = build_ema(config, (p for g in optimizer.param_groups for p in g["params"]))
     parallel.wrap(family, acc, optimizer)  # DDP / DeepSpeed wrap the trainable modules (FSDP: nothing to do)

@@ -64,6 +64,8 @@ class FamilySpec:
     descriptor files point to (a YOLO data.yaml, a COCO json), which an exposed UI confines like the path keys."""
     xformers: bool = True
     """`attention: xformers` applies to its network; False: the plan says `sdpa` with a note instead."""
+    channels_last: bool = False
+    """Its trained network is a UNet of convolutions, which `train.channels_last` stores channels-last on CUDA."""
     resolution_multiple: int | None = 8
     """`data.resolution` must be a multiple of this (the VAE's downsampling); None: the family checks it."""
     bucket_multiple: int | None = 8

@@ -26,6 +26,8 @@ _LEAF_KEYS = {name for name, _ in iter_keys()}
 
 
 _ENTRY_LISTS = {"data.datasets"}
+# Keys whose choices are `on` / `off`: YAML 1.1 (presets, KEY=VALUE) reads those words as booleans.
+_ON_OFF_KEYS = {name for name, f in iter_keys() if {"on", "off"} <= set(f.metadata.get("choices") or ())}
 
 INTERPOLATION = "${"
 
@@ -152,6 +154,8 @@ def build_config(raw: dict) -> tuple[Config, list[str]]:
         if name not in _LEAF_KEYS:
             problems.append(f"{name}: unknown key{_suggest(name)}")
             continue
+        if name in _ON_OFF_KEYS and isinstance(value, bool):
+            value = "on" if value else "off"
         try:
             # A list of mappings (data.datasets) is merged into its typed entries, which checks each entry's keys.
             OmegaConf.update(base, name, value, merge=name in _ENTRY_LISTS)

@@ -51,11 +51,33 @@ class ModelConfig:
         "bf16 or fp16 on GPUs, fp32 on the CPU); `fp8` (float8 e4m3: half the memory of bf16, FLUX's transformer "
         "12 GB instead of 24; each layer is upcast to the plan's precision for its own forward by diffusers' "
         "layerwise casting; needs train.gradient_checkpointing, without it every upcast weight is kept for the "
-        "backward pass and nothing is saved); or `nf4` (4-bit NormalFloat, QLoRA's format, through torchao: about "
+        "backward pass and nothing is saved; on GPUs with fp8 tensor cores model.fp8_compute multiplies in fp8 "
+        "instead, which saves time too); or `nf4` (4-bit NormalFloat, QLoRA's format, through torchao: about "
         "a quarter of bf16's memory for the Linear layers, FLUX's transformer near 7 GB; dequantized inside each "
         "matmul, slower than fp8; `pip install 'imagetune[nf4]'`). Both round the frozen weights a little; the "
         "LoRA itself always trains in fp32.",
         choices=("default", "fp8", "nf4"),
+    )
+    fp8_compute: str = key(
+        "off",
+        "With model.base_weights=fp8: whether the frozen Linear layers also multiply in fp8 (kohya/musubi's "
+        "`--fp8_scaled` with `--fp8_fast`; torchao's float8 rowwise recipe, for frozen weights), which saves time as "
+        "well as memory: `auto` (where the GPUs have fp8 tensor cores, compute capability 8.9+: RTX 40xx/50xx, "
+        "L4, L40, H100, H200, B200; elsewhere, and on the CPU, storage only as `fp8` describes, with a note in the "
+        "plan; a torch build without the fp8 kernel for such a GPU stops the run at its start, saying so), `on` "
+        "(always: refused on older GPUs; on the CPU it runs torch's reference fp8 matmul, slower than "
+        "fp32, for tests) or `off` (storage only). The plan line says `· fp8 matmul` when it is used. Each such layer "
+        "keeps its weight in float8 e4m3 with a power-of-two scale per output row, quantizes its input per row as "
+        "it arrives and multiplies with torch._scaled_mm (bf16 out); the backward gives the input's gradient, the "
+        "one the LoRA layers upstream need, through an fp8 matmul too, and nothing is upcast, so "
+        "train.gradient_checkpointing is not needed for the memory. Layers with a dimension that is not a "
+        "multiple of 16, norms, embeddings and convolutions stay as `fp8` stores them; the LoRA stays fp32. It "
+        "rounds the activations to 8 bits as well as the weights: a matmul is off by about 3.5% (relative; bf16's "
+        "0.3%); over 40 LoRA steps of the demo's pretrained tiny SD the loss stays 0.8% from bf16's on average "
+        "(storage-only fp8 0.55%, fp32 0.3%), and the demo learns its concept as in bf16 (bench/README.md, "
+        "`python bench/fp8_loss.py`). Off by default until its speed and its CUDA kernel path are measured on a "
+        "GPU (`python bench/gpu_large.py --base-weights fp8-compute`): so far it has run on the CPU only.",
+        choices=("auto", "on", "off"),
     )
     zero_terminal_snr: bool = key(
         False,
@@ -182,7 +204,8 @@ class TrainConfig:
     text_encoder_lr: Optional[float] = key(None, "Learning rate of the text encoder; defaults to `train.lr`.")
     optimizer: str = key(
         "adamw",
-        "`adamw` (PyTorch's fused CUDA kernel on GPUs), `adamw8bit` (bitsandbytes, CUDA only: a quarter of "
+        "`adamw` (PyTorch's fused CUDA kernel where every trained tensor is a plain CUDA tensor, its foreach "
+        "implementation elsewhere: FSDP's shards, the CPU; `sgd` likewise; the run's log names it), `adamw8bit` (bitsandbytes, CUDA only: a quarter of "
         "AdamW's state memory), `sgd` (momentum 0.9), `prodigy` (Prodigy, `prodigyopt`: estimates the step size "
         "itself, so train.lr is a multiplier and 1.0 is its norm; `pip install 'imagetune[optimizers]'`), "
         "`adafactor` (factored second moments: a fraction of AdamW's state, the memory path for single-GPU full "
@@ -228,6 +251,15 @@ class TrainConfig:
         "the exposure bias of sampling. Every diffusion family; the validation loss is measured without it; 0 "
         "disables it.")
     gradient_checkpointing: bool = key(False, "Trade compute for memory: recompute activations in backward.")
+    channels_last: str = key(
+        "auto",
+        "Store the UNet (SD, SDXL) and VAE of a LoRA run in channels-last memory format (NHWC), which cuDNN's "
+        "convolution kernels on tensor cores prefer: `auto` (on for LoRA runs of the UNet families on CUDA), `on` "
+        "(also on the CPU), `off`. Same results within float rounding (convolution kernels differ); the LoRA and "
+        "its files are unchanged. A full fine-tune keeps the standard layout (its saved weights must be "
+        "contiguous), and the transformer families (SD3, FLUX) have almost no convolutions: both refuse `on`.",
+        choices=("auto", "on", "off"),
+    )
     max_nonfinite_steps: int = key(
         5, "Skip steps with a NaN/inf loss; after this many in a row the run fails (keeping its last checkpoint)."
     )

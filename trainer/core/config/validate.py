@@ -116,12 +116,20 @@ def validate(config: Config, *, check_paths: bool = True) -> list[str]:
     if base_weights != "default" and config.method != "lora":
         p.append(f"model.base_weights: {base_weights} is for LoRA on the diffusion families (a full fine-tune "
                  "trains every weight in fp32); set model.base_weights=default")
-    elif base_weights == "fp8" and not config.train.gradient_checkpointing:
+    elif base_weights == "fp8" and not config.train.gradient_checkpointing and config.model.fp8_compute != "on":
         p.append("model.base_weights: fp8 saves memory only with train.gradient_checkpointing=true (otherwise "
-                 "each layer's upcast weights are kept for the backward pass): set it, or base_weights=default")
+                 "each layer's upcast weights are kept for the backward pass): set it, or base_weights=default, or "
+                 "model.fp8_compute=on on GPUs of compute capability 8.9+ (nothing is upcast there)")
     elif base_weights == "nf4" and importlib.util.find_spec("torchao") is None:
         p.append("model.base_weights: nf4 needs torchao, which is not installed: `pip install 'imagetune[nf4]'`, "
                  "or set model.base_weights=fp8 (built in) or default")
+    if config.model.fp8_compute == "on" and base_weights != "fp8":
+        p.append("model.fp8_compute: on multiplies with the fp8 base weights, and model.base_weights is "
+                 f"{base_weights}: set model.base_weights=fp8 too, or model.fp8_compute=auto")
+    if config.train.channels_last == "on" and (config.method != "lora" or not spec.channels_last):
+        p.append("train.channels_last: on is for LoRA runs of the UNet families (sd, sdxl): a full fine-tune saves "
+                 "its weights in the standard layout and SD3 / FLUX / detection are not stored channels-last here; "
+                 "set train.channels_last=auto")
     if config.distributed.zero_stage not in (1, 2):
         p.append(f"distributed.zero_stage: 1 or 2, got {config.distributed.zero_stage} (for sharded weights, ZeRO-3, "
                  "use distributed.sharding=fsdp)")

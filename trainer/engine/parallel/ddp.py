@@ -44,9 +44,12 @@ class DDP:
 def _frozen_weights_stay_local(modules) -> None:
     """DDP broadcasts every parameter from rank 0 when it wraps a module. The frozen ones were loaded from the same
     files on every rank, so that is pure cost (FLUX: 24 GB at start-up), and gloo cannot send float8 at all
-    (`model.base_weights: fp8`): DDP is told to leave them alone. Trainable ones are still broadcast."""
+    (`model.base_weights: fp8`): DDP is told to leave them alone, and the float8 weights `model.fp8_compute`
+    keeps as buffers too (DDP would otherwise send them again at every forward). Trainable ones are still
+    broadcast."""
     from torch.nn.parallel import DistributedDataParallel
 
     for module in modules:
         frozen = [name for name, p in module.named_parameters() if not p.requires_grad]
+        frozen += [name for name, b in module.named_buffers() if b.dtype == torch.float8_e4m3fn]
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, frozen)

@@ -15,14 +15,17 @@ if TYPE_CHECKING:
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def place_frozen_network(module: ModelMixin, base_weights: str, device: torch.device, dtype: torch.dtype) -> None:
+def place_frozen_network(module: ModelMixin, base_weights: str, device: torch.device, dtype: torch.dtype,
+                         fp8_compute: bool = False) -> None:
     """Move the network a LoRA run adapts (UNet / transformer, still frozen) to `device` in `dtype`, stored as
     `model.base_weights` says. Call it before adding LoRA (the adapter's layers then stay fp32) and never cast the
     module's dtype afterwards (that would dequantize NF4).
 
     - `default`: as it is, in `dtype`.
     - `fp8`: weights stored in float8 e4m3 and upcast to `dtype` layer by layer around each forward (diffusers'
-      layerwise casting; norms and embeddings stay as they are).
+      layerwise casting; norms and embeddings stay as they are). With `fp8_compute` (the plan's, from
+      `model.fp8_compute`), the Linear layers that can (trainer.families.components.fp8_linear) instead keep a
+      scaled e4m3 weight and multiply in fp8; the rest is stored as without it.
     - `nf4`: the Linear weights in 4-bit NormalFloat (QLoRA's format) as torchao's `NF4Tensor`, dequantized inside
       each matmul; the backward keeps the 4-bit weight, not a dequantized copy.
 
@@ -34,16 +37,36 @@ def place_frozen_network(module: ModelMixin, base_weights: str, device: torch.de
         return
     module.to(dtype=dtype)
     if base_weights == "fp8":
+        from trainer.families.components.fp8_linear import Fp8Linear, require_fp8_matmul, swap_in_fp8_linears
+
+        if fp8_compute:
+            require_fp8_matmul(device)  # before anything is quantized: a build without the kernel fails here, clearly
+            swap_in_fp8_linears(module, dtype, device, layerwise_casting_skips(module))
         # Convolutions stay as they are: under gradient checkpointing their recomputed forward saw the float8
         # weight (torch's CheckpointError), Linear layers do not. UNets keep their ResNet convolutions in the
         # plan's precision; transformers (FLUX, SD3) are nearly all Linear.
         module.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=dtype,
-                                        skip_modules_classes=(torch.nn.Conv2d,))
+                                        skip_modules_classes=(torch.nn.Conv2d, Fp8Linear))
+        for layer in module.modules():
+            if getattr(layer, "weight", None) is not None and layer.weight.dtype == torch.float8_e4m3fn:
+                # peft gives the adapters it adds the dtype of their base layer, or its `compute_dtype`: without
+                # this, a LoRA's initial weights were rounded to float8 before training made them fp32.
+                layer.compute_dtype = dtype
     elif base_weights == "nf4":
         store_linear_weights_nf4(module, device)
     else:
         raise ValueError(f"unknown model.base_weights {base_weights!r}")
     module.to(device)  # what was not quantized; stored weights keep their storage dtype
+
+
+def layerwise_casting_skips(module: torch.nn.Module) -> tuple[str, ...]:
+    """The module-path patterns diffusers' layerwise casting leaves in full precision for this model (norms,
+    position and patch embeddings, its own list): the fp8 matmul keeps away from the same layers."""
+    from diffusers.hooks.layerwise_casting import DEFAULT_SKIP_MODULES_PATTERN
+
+    own = [*(getattr(module, "_keep_in_fp32_modules", None) or ()),
+           *(getattr(module, "_skip_layerwise_casting_patterns", None) or ())]
+    return tuple(DEFAULT_SKIP_MODULES_PATTERN) + tuple(own)
 
 
 NF4_BLOCK = 64  # weights per absmax scale, as in QLoRA and bitsandbytes

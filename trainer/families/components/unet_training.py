@@ -64,7 +64,15 @@ def setup_models(cfg, plan, device, *, unet, vae, text_encoders, train_text_enco
     base_dtype = frozen_dtype(plan.precision, cfg.method)
     # The VAE stays fp32 under fp16: SD VAEs (SDXL's above all) overflow to NaN latents in fp16 (black samples).
     vae.to(device, dtype=torch.float32 if plan.precision == "fp16" else base_dtype)
-    place_frozen_network(unet, cfg.model.base_weights, device, base_dtype)  # fp8 / nf4: LoRA only (validated)
+    place_frozen_network(unet, cfg.model.base_weights, device, base_dtype,  # fp8 / nf4: LoRA only (validated)
+                         fp8_compute=plan.fp8_compute)
+    if plan.channels_last:
+        # cuDNN's tensor-core convolutions want NHWC; converted before LoRA is added, so the adapter's own
+        # weights (saved to files) stay contiguous. LoRA runs only (the plan's rule): a full fine-tune saves the
+        # UNet and VAE, whose tensors must be contiguous. Not fused QKV (diffusers' fuse_qkv_projections): its
+        # to_qkv copy bypasses to_q/to_k/to_v, where the LoRA layers are, so they would never train.
+        unet.to(memory_format=torch.channels_last)
+        vae.to(memory_format=torch.channels_last)
     for text_encoder in text_encoders:
         text_encoder.to(device, dtype=base_dtype)
     if plan.attention == "xformers":

@@ -98,7 +98,8 @@ class FlowTransformerTrainer:
         base_dtype = frozen_dtype(plan.precision, "lora")  # of the always-frozen parts: VAE and text encoders
         # fp16 turns FLUX/SD3 losses into NaN (sd-scripts #1571, #1407): VAE and T5 stay fp32 under fp16.
         self.vae.to(device, dtype=torch.float32 if plan.precision == "fp16" else base_dtype)
-        place_frozen_network(self.transformer, cfg.model.base_weights, device, frozen_dtype(plan.precision, cfg.method))
+        place_frozen_network(self.transformer, cfg.model.base_weights, device, frozen_dtype(plan.precision, cfg.method),
+                             fp8_compute=plan.fp8_compute)
         for name, te in zip(model.text_encoder_names, self.text_encoders):
             te.to(device, dtype=torch.float32 if plan.precision == "fp16" and name == model.t5_name else base_dtype)
         if cfg.method == "full":

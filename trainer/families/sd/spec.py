@@ -16,6 +16,7 @@ SPEC = FamilySpec(
     implementation="trainer.families.sd.family:StableDiffusionFamily",
     checks="trainer.families.components.checks:diffusion_checks",
     trained_component="unet",
+    channels_last=True,
     published_parameters=860e6,  # SD 1.x/2.x UNet
     frozen_on_resume=DIFFUSION_FROZEN_ON_RESUME,
     exports=("LoRA: output/pytorch_lora_weights.safetensors (diffusers) and a kohya/ComfyUI file",

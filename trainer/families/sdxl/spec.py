@@ -9,6 +9,7 @@ SPEC = FamilySpec(
     implementation="trainer.families.sdxl.family:StableDiffusionXLFamily",
     checks="trainer.families.components.checks:diffusion_checks",
     trained_component="unet",
+    channels_last=True,
     published_parameters=2.57e9,  # SDXL base UNet
     frozen_on_resume=DIFFUSION_FROZEN_ON_RESUME,
     exports=("LoRA: diffusers file and a kohya/ComfyUI file (lora_te1_/lora_te2_ keys)",
