@@ -14,6 +14,7 @@ from trainer.core.config import Config
 from trainer.core.data.stream import BatchStream
 from trainer.core.plan import Plan
 from trainer.core.stopping import StopRequest
+from trainer.engine.compile import NoCompile
 from trainer.engine.parallel import Parallelism
 from trainer.engine.precision import Amp
 from trainer.families.protocol import Family
@@ -48,6 +49,7 @@ class Run:
     phase: str = "starting"  # what the processes are doing: named in the failure if a collective times out
     ema: Any = None  # diffusers' EMAModel when full.ema or lora.ema is on (trainer.engine.ema)
     heartbeat: Any = None  # trainer.engine.heartbeat.Heartbeat: the launcher's view of this rank's progress
+    compiler: Any = field(default_factory=NoCompile)  # train.compile (trainer.engine.compile): what compiled when
 
     @property
     def rank(self) -> int:

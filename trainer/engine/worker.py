@@ -36,6 +36,7 @@ def setup(run_dir: Path, resume: Path | None):
     from trainer.core.data.stream import make_stream
     from trainer.families import get_family
     from trainer.families.protocol import Bucketed, WorkerContext
+    from trainer.engine.compile import NoCompile, compile_network
     from trainer.engine.run import Run
     from trainer.engine.ema import build_ema
     from trainer.engine.optim import build_optimizer, build_scheduler
@@ -86,10 +87,13 @@ def setup(run_dir: Path, resume: Path | None):
     optimizer = build_optimizer(family.param_groups(), config.train)
     scheduler = build_scheduler(optimizer, config.train)
     ema = build_ema(config, (p for g in optimizer.param_groups for p in g["params"]))
+    compiler: NoCompile = NoCompile()
+    if config.train.compile:  # after the adapters (compiled inside the blocks) and the batch probe (no compile per size)
+        compiler = compile_network(family, plan, log_warning, main=acc.is_main_process)
     parallel.wrap(family, acc, optimizer)  # DDP / DeepSpeed wrap the trainable modules (FSDP: nothing to do)
     run = Run(config=config, plan=plan, accelerator=acc, family=family, stream=stream, optimizer=optimizer,
               scheduler=scheduler, amp=Amp(plan.precision, acc.device.type), events=events, stop=stop,
-              run_dir=run_dir, ema=ema, parallel=parallel)
+              run_dir=run_dir, ema=ema, parallel=parallel, compiler=compiler)
     family.ema = ema
     if resume:
         load_run_checkpoint(run, resume)

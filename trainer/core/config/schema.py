@@ -228,6 +228,19 @@ class TrainConfig:
         "the exposure bias of sampling. Every diffusion family; the validation loss is measured without it; 0 "
         "disables it.")
     gradient_checkpointing: bool = key(False, "Trade compute for memory: recompute activations in backward.")
+    compile: bool = key(
+        False,
+        "Regional compilation: torch.compile (inductor) of the trained network's repeated blocks, in place, after the "
+        "adapters are added so that the LoRA / LoKr / LoHa layers are compiled with them: the blocks diffusers lists "
+        "for `compile_repeated_blocks` (the UNet's transformer blocks for SD and SDXL, FLUX's double and single "
+        "blocks) and SD3's joint blocks. Shapes are static: the blocks compile once per input shape (each "
+        "aspect-ratio bucket, and without gradients the samples' and the validation loss's shapes; the plan's notes "
+        "list them); a `warning` event gives each compile's time, and a step that compiles is left out of "
+        "samples/s. Works with DDP, gradient checkpointing, model.base_weights nf4 and on the CPU (needs a C++ "
+        "compiler there). Pays on GPUs over long runs; on the CPU the tiny demo models gain nothing and pay "
+        "about a minute of compiling (bench/engine_overhead.py --compile measures both). Not for detection (its "
+        "shapes change with every batch), model.base_weights fp8, or distributed.sharding fsdp / deepspeed.",
+    )
     max_nonfinite_steps: int = key(
         5, "Skip steps with a NaN/inf loss; after this many in a row the run fails (keeping its last checkpoint)."
     )
