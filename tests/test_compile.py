@@ -180,3 +180,13 @@ def test_the_plan_lists_the_shapes_the_blocks_compile_for(tmp_path):
     compile_notes = [n for n in bucketed.notes if n.startswith("train.compile")]
     assert len(compile_notes) == 1 and "training at 64x64, 48x80, 80x48 (micro-batch 1)" in compile_notes[0]
     assert "samples at" not in compile_notes[0]  # sample.size alone draws nothing: no sample prompts
+
+
+def test_a_machine_without_a_compiler_is_told_before_anything_starts(monkeypatch):
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    assert "needs a C++ compiler (g++, or CXX), which was not found" in _refusal()
+    assert "needs a C compiler for Triton" in _refusal("devices=1", hw=GPUS)
+    monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}" if name == "clang" else None)
+    assert make_plan(load_config(None, ["model.path=x", "train.compile=true", "devices=1"], check_paths=False), GPUS)

@@ -38,6 +38,26 @@ def sharding_problem(config: Config, sharding: str, chosen: bool) -> str | None:
             "test. Set train.compile=false, or distributed.sharding=ddp.")
 
 
+def toolchain_problem(config: Config, device: str) -> str | None:
+    """torch.compile builds its kernels with a compiler of this machine: inductor's C++ on the CPU (`CXX`, else
+    g++), Triton's C launchers on GPUs (`CC`, else gcc or clang). Without one every rank would fail at its first
+    step with a traceback; said here instead."""
+    import os
+    import shutil
+
+    if not config.train.compile:
+        return None
+    if device == "cpu":
+        found, needs, install = shutil.which(os.environ.get("CXX") or "g++"), "a C++ compiler (g++, or CXX)", "g++"
+    else:
+        found = shutil.which(os.environ.get("CC") or "gcc") or (not os.environ.get("CC") and shutil.which("clang"))
+        needs, install = "a C compiler for Triton (gcc or clang, or CC)", "gcc"
+    if found:
+        return None
+    return (f"{KEY}: torch.compile builds its kernels on this machine and needs {needs}, which was not found. "
+            f"Install one (Debian/Ubuntu: `apt-get install {install}`) or set train.compile=false.")
+
+
 def compile_note(config: Config, per_device: int, buckets: tuple[tuple[int, int, int], ...] = ()) -> str | None:
     """The plan's note: the shapes the blocks compile for, each once (static shapes), when train.compile is on."""
     if not config.train.compile:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from trainer.core.compiling import compile_note, sharding_problem
+from trainer.core.compiling import compile_note, sharding_problem, toolchain_problem
 from trainer.core.config.schema import Config
 from trainer.core.config.validate import parse_devices
 from trainer.errors import ConfigError
@@ -300,9 +300,10 @@ def make_plan(config: Config, hw: Hardware, parameters: int | None = None) -> Pl
                             "or sharding=ddp if the model fits on one GPU")
     if sharding == "deepspeed":
         problems += _deepspeed_problems(config, precision)
-    compiled = sharding_problem(config, sharding, chosen=config.distributed.sharding == "auto")
-    if compiled:
-        problems.append(compiled)
+    for compiled in (sharding_problem(config, sharding, chosen=config.distributed.sharding == "auto"),
+                     toolchain_problem(config, device)):
+        if compiled:
+            problems.append(compiled)
     if problems:
         raise ConfigError(problems, "the plan")
     probe_batch = auto_batch and device == "cuda" and sharding == "ddp"
