@@ -77,7 +77,9 @@ def test_compiled_training_matches_eager_and_samples_still_draw(tmp_path, tiny_s
     expected, got = _train(eager, 3), _train(compiled, 3)
     assert got == pytest.approx(expected, rel=1e-4)
     assert_same_weights(eager.trainable_state(), compiled.trainable_state(), rtol=1e-4, atol=1e-4)
-    assert compiler.compiled(3) and not compiler.compiled(4)
+    # the heartbeat's phase while a new shape compiles: not `step N`, which the stall watch would count
+    assert compiler.phase("step 3") == "compiling for input 1x4x16x16 at step 3"
+    assert compiler.compiled(3) and not compiler.compiled(4) and compiler.phase("step 5") == "step 5"
     assert len(warnings) == 1 and warnings[0].startswith(
         "train.compile: compiled the 4 blocks (4 BasicTransformerBlock) of the UNet2DConditionModel for input "
         "1x4x16x16 in ")

@@ -39,6 +39,10 @@ class NoCompile:
     def compiled(self, step: int) -> bool:
         return False
 
+    def phase(self, phase: str) -> str:
+        """What this rank's heartbeat says it is doing (trainer.engine.heartbeat)."""
+        return phase
+
 
 def block_names(network: nn.Module) -> tuple[str, ...]:
     """The class names of `network`'s repeated blocks: diffusers' own list, else ours."""
@@ -122,6 +126,12 @@ class RegionalCompile(NoCompile):
         if shape not in self._seen:
             self._seen.add(shape)
             self._new.append(shape)
+
+    def phase(self, phase: str) -> str:
+        """While a new input shape may be compiling, the heartbeat says so instead of `step N`: the stall watch
+        (trainer.core.stall) counts only training phases, and a cold compile easily outlasts its minute."""
+        new = self._new  # the heartbeat's thread reads it; `compiled` replaces the list, never empties it
+        return f"compiling for input {new[-1]} at {phase}" if new else phase
 
     def compiled(self, step: int) -> bool:
         """Whether anything compiled since the last call (the step just ended, or samples and evaluations before

@@ -88,7 +88,7 @@ def setup(run_dir: Path, resume: Path | None):
     scheduler = build_scheduler(optimizer, config.train)
     ema = build_ema(config, (p for g in optimizer.param_groups for p in g["params"]))
     compiler: NoCompile = NoCompile()
-    if config.train.compile:  # after the adapters (compiled inside the blocks) and the batch probe (no compile per size)
+    if config.train.compile:  # after the adapters (compiled in the blocks) and the batch probe (no compile per size)
         compiler = compile_network(family, plan, log_warning, main=acc.is_main_process)
     parallel.wrap(family, acc, optimizer)  # DDP / DeepSpeed wrap the trainable modules (FSDP: nothing to do)
     run = Run(config=config, plan=plan, accelerator=acc, family=family, stream=stream, optimizer=optimizer,
@@ -99,7 +99,7 @@ def setup(run_dir: Path, resume: Path | None):
         load_run_checkpoint(run, resume)
     from trainer.engine.heartbeat import Heartbeat
 
-    run.heartbeat = Heartbeat(run_dir, acc.process_index, lambda: run.phase).start(run.state.step)
+    run.heartbeat = Heartbeat(run_dir, acc.process_index, lambda: compiler.phase(run.phase)).start(run.state.step)
     return run
 
 

@@ -236,10 +236,12 @@ class TrainConfig:
         "blocks) and SD3's joint blocks. Shapes are static: the blocks compile once per input shape (each "
         "aspect-ratio bucket, and without gradients the samples' and the validation loss's shapes; the plan's notes "
         "list them); a `warning` event gives each compile's time, and a step that compiles is left out of "
-        "samples/s. Works with DDP, gradient checkpointing, model.base_weights nf4 and on the CPU (needs a C++ "
-        "compiler there). Pays on GPUs over long runs; on the CPU the tiny demo models gain nothing and pay "
-        "about a minute of compiling (bench/engine_overhead.py --compile measures both). Not for detection (its "
-        "shapes change with every batch), model.base_weights fp8, or distributed.sharding fsdp / deepspeed.",
+        "samples/s. Trains the weights eager training does (within float32 rounding), with DDP, gradient "
+        "checkpointing, model.base_weights nf4, and on the CPU (needs g++ there; Triton needs gcc on GPUs). "
+        "Costs: compiling, the first time about a minute for the demo's tiny UNet on 2 CPU cores, seconds once "
+        "inductor's on-disk cache holds the graphs. Measured gain: none reliable on the CPU for the demo; on GPUs "
+        "not measured (bench/engine_overhead.py --compile measures both). Not for detection (its shapes change "
+        "with every batch), model.base_weights fp8, or distributed.sharding fsdp / deepspeed.",
     )
     max_nonfinite_steps: int = key(
         5, "Skip steps with a NaN/inf loss; after this many in a row the run fails (keeping its last checkpoint)."
