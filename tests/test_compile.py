@@ -102,7 +102,7 @@ def test_two_processes_train_compiled_with_checkpointing_and_samples_and_report_
     config = engine_config(tiny_sd_path, demo_data_path, "devices=cpu:2", "batch.total=2", "batch.per_device=1",
                            "train.steps=3", "sample.every=2", "sample.prompts=[a red circle]", "sample.steps=2",
                            "train.gradient_checkpointing=true", "train.compile=true", "name=compiled")
-    compiled_dir, final = launch(tmp_path, config)
+    compiled_dir, final = launch(tmp_path, config, timeout=540)  # a cold inductor cache: minutes of gcc
     assert final["type"] == "done", log_of(compiled_dir)
     trained = final_weights(compiled_dir)
     assert all(torch.isfinite(w).all() for w in trained.values())
