@@ -50,7 +50,8 @@ def toolchain_problem(config: Config, device: str) -> str | None:
     if device == "cpu":
         found, needs, install = shutil.which(os.environ.get("CXX") or "g++"), "a C++ compiler (g++, or CXX)", "g++"
     else:
-        found = shutil.which(os.environ.get("CC") or "gcc") or (not os.environ.get("CC") and shutil.which("clang"))
+        cc = os.environ.get("CC")  # Triton's own search: CC, else gcc, else clang
+        found = shutil.which(cc) if cc else shutil.which("gcc") or shutil.which("clang")
         needs, install = "a C compiler for Triton (gcc or clang, or CC)", "gcc"
     if found:
         return None

@@ -68,7 +68,9 @@ def compile_network(family: Any, plan: Any, log_warning: Callable[[str], None], 
     for modules in blocks.values():
         for module in modules:
             module.compile(dynamic=False)
-    _raise_recompile_limit(blocks, shapes=(len(plan.buckets) or 1) + 2)
+    # Input shapes per bucket: training's, and without gradients the validation loss's full and last micro-batch
+    # (trainer.families.components.validation); then the samples', and one spare
+    _raise_recompile_limit(blocks, shapes=3 * (len(plan.buckets) or 1) + 2)
     compiler = RegionalCompile(networks, blocks, log_warning)
     if main:
         print(f"train.compile: {compiler.what} compiled in place (regional, static shapes); each new input shape "
@@ -78,9 +80,10 @@ def compile_network(family: Any, plan: Any, log_warning: Callable[[str], None], 
 
 def _raise_recompile_limit(blocks: dict[str, list[nn.Module]], *, shapes: int) -> None:
     """Every block class's forward is one function to torch._dynamo, whose cache holds a graph per (block
-    configuration, input shape, with or without gradients). At worst each block is its own configuration: blocks x
-    (training shapes + samples + validation) x 2 (gradients or not; a first block's input that needs none) graphs.
-    Past the limit dynamo would run the blocks eagerly without a word, so the limit is never below that."""
+    configuration, input shape, with or without gradients, inputs that need gradients or not). At worst each block
+    is its own configuration: blocks x `shapes` x 2 (a first block's input that needs no gradient) graphs. Past the
+    limit dynamo would run the blocks eagerly without a word, so the limit is never below that; a generous limit
+    costs nothing, since only the shapes that come compile."""
     import torch._dynamo.config as dynamo
 
     name = "recompile_limit" if hasattr(dynamo, "recompile_limit") else "cache_size_limit"  # renamed in torch 2.6
