@@ -2,6 +2,7 @@
 """How much does the engine cost over a plain hand-written accelerate loop doing the same training?
 
     python bench/engine_overhead.py [--steps 60] [--warmup 10] [--devices cpu:1] [--repeats 3] [--json FILE]
+    python bench/engine_overhead.py --compile [...]   # the engine with and without train.compile instead
 
 All loops train the offline demo model (`demo://tiny-sd`, a ~1M-parameter SD 1.x UNet) on the demo dataset
 with the settings of presets/demo.yaml (LoRA rank 8 on to_q/k/v/out.0, batch 4 = per_device 2 x accumulation 2
@@ -25,6 +26,10 @@ in the training process. CPU time per step (all threads of the training process)
 time: on a shared machine it is the steadier of the two. Startup (spawn of the launching process to the end of the first optimizer step) is reported on its
 own, split into launcher / torchrun / imports / setup: it is mostly imports.
 
+`--compile` runs the engine twice per repeat instead, without and with `train.compile` (its UNet's transformer
+blocks compiled by torch.compile; no plain loops), and reports the compile time (the seconds its `warning` events
+give, all in step 1: no samples are drawn) and the change in step time and CPU time per step.
+
 `--breakdown` (on by default) also times, in this process, the per-sample and per-step pieces of work the engine
 does that the plain loop does not, to explain the difference.
 """
@@ -34,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -133,7 +139,10 @@ def engine_role(args) -> dict:
     children = resource.getrusage(resource.RUSAGE_CHILDREN)  # torchrun + the worker it reaped
     events = read_events(run_dir)
     progress = [e for e in events if e["type"] == "progress"]
-    result = {"final": final["type"], "run_dir": str(run_dir), "plan": plan.line()}
+    result = {"final": final["type"], "run_dir": str(run_dir), "plan": plan.line(),
+              # train.compile: "... compiled the N blocks (...) for input ... in 12.3 s (by step 1; ...)"
+              "compile_s": sum(float(re.search(r" in ([0-9.]+) s \(by step", e["message"]).group(1)) for e in events
+                               if e["type"] == "warning" and e["message"].startswith("train.compile: compiled"))}
     if final["type"] != "done" or len(progress) != plan.steps:
         log = (run_dir / "train.log").read_text(errors="replace")[-3000:]
         raise SystemExit(f"the engine run did not finish ({final}):\n{log}")
@@ -399,6 +408,7 @@ def usage_per_step(run: dict, warmup: int) -> list[float] | None:
 
 
 def summarise(name: str, runs: list[dict], warmup: int) -> dict:
+    engine = name.startswith("engine")  # "engine" or "engine+compile"
     rates = [rate(r["times"], warmup, r["total"]) for r in runs]
     cpu = [cpu_ms_per_step(r, warmup) for r in runs]
     usage = [u for u in (usage_per_step(r, warmup) for r in runs) if u]
@@ -420,13 +430,15 @@ def summarise(name: str, runs: list[dict], warmup: int) -> dict:
         "peak_kind": "cuda max_memory_allocated" if runs[0]["cuda_peak_mb"] is not None else "worker max RSS",
         "startup_s": median([r["startup_s"] for r in runs]),
         "startup_s_all": [round(r["startup_s"], 2) for r in runs],
-        **({"polled_hwm_mb": median([r.get("polled_hwm_mb") for r in runs])} if name == "engine" else {}),
-        **({"reported_samples_per_s": median([r["reported_samples_per_s"] for r in runs])} if name == "engine" else {}),
+        **({"polled_hwm_mb": median([r.get("polled_hwm_mb") for r in runs]),
+            "reported_samples_per_s": median([r["reported_samples_per_s"] for r in runs]),
+            "compile_s": median([r["compile_s"] for r in runs]), "compile_s_all": [r["compile_s"] for r in runs]}
+           if engine else {}),
         **({"imports_s": median([r["imports_s"] for r in runs]), "setup_s": median([r["setup_s"] for r in runs])}
-           if name != "engine" else {}),
+           if not engine else {}),
         **({k: median([r[k] for r in runs]) for k in ("launcher_s", "worker_start_s", "worker_imports_s",
-                                                      "worker_setup_s")} if name == "engine" else {}),
-        **({"first_step_s": median([r["first_step_s"] for r in runs])} if name != "engine" else {}),
+                                                      "worker_setup_s")} if engine else {}),
+        **({"first_step_s": median([r["first_step_s"] for r in runs])} if not engine else {}),
     }
 
 
@@ -443,6 +455,8 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--no-breakdown", action="store_true", help="skip timing the engine's per-sample pieces")
     p.add_argument("--keep-runs", action="store_true", help="keep the engine's run folders")
+    p.add_argument("--compile", action="store_true",
+                   help="run the engine without and with train.compile (no plain loops): compile time and step time")
     p.add_argument("--no-ddp-variant", action="store_true",
                    help="on one process, skip the plain loop launched under torchrun (1-rank DDP, like the engine)")
     p.add_argument("--name", default="bench-engine", help=argparse.SUPPRESS)
@@ -490,14 +504,16 @@ def main(argv=None) -> int:
     # which plain `python` does not. The "plain+ddp" row is the plain loop started the engine's way, to separate
     # that cost from the engine's own code. (With more processes the plain loop always runs under torchrun.)
     loops = ["engine", "plain"] + (["plain+ddp"] if plan.world_size == 1 and not args.no_ddp_variant else [])
+    if args.compile:
+        loops = ["engine", "engine+compile"]
     runs: dict[str, list[dict]] = {name: [] for name in loops}
     engine_extra = ["--assets", json.dumps({k: str(v) for k, v in assets.items()}), "--runs-dir", str(runs_dir),
                     "--name", args.name] + (["--keep-runs"] if args.keep_runs else []) + list(args.override)
     for i in range(args.repeats):
         # Rotate the order so slow drift of a shared machine does not always favour one side.
         for name in loops[i % len(loops):] + loops[: i % len(loops)]:
-            if name == "engine":
-                r = spawn("engine", args, engine_extra, env=env)
+            if name.startswith("engine"):
+                r = spawn("engine", args, engine_extra + (["train.compile=true"] if name != "engine" else []), env=env)
             else:
                 r = spawn("plain", args, ["--settings", settings], env=env, torchrun_procs=plan.world_size,
                           force_torchrun=name == "plain+ddp")
@@ -505,7 +521,7 @@ def main(argv=None) -> int:
             sps, ms = rate(r["times"], args.warmup, r["total"])
             cpu = cpu_ms_per_step(r, args.warmup)
             u = usage_per_step(r, args.warmup) or [None] * 5
-            print(f"  repeat {i + 1} {name:9s}: {sps:8.2f} samples/s  {ms:7.1f} ms/step  {fmt(cpu, 1):>7s} CPU-ms/step "
+            print(f"  repeat {i + 1} {name:14s}: {sps:8.2f} samples/s  {ms:7.1f} ms/step  {fmt(cpu, 1):>7s} CPU-ms/step "
                   f"(user {fmt(u[0], 1)}, sys {fmt(u[1], 1)}; per step {fmt(u[2], 0)} page faults, {fmt(u[3], 1)} "
                   f"preemptions, {fmt(u[4], 1)} voluntary switches, all threads)  startup {r['startup_s']:.1f} s", flush=True)
 
@@ -525,7 +541,7 @@ def main(argv=None) -> int:
     print(table)
     print()
     overheads = {}
-    for base in loops[1:]:
+    for base in [name for name in loops if name.startswith("plain")]:
         ref = summary[base]
         overheads[base] = {
             "step_time_pct": pct(eng["step_ms"], ref["step_ms"]),
@@ -549,13 +565,20 @@ def main(argv=None) -> int:
     print(f"startup (medians): engine {eng['startup_s']:.1f} s = launcher until torchrun started {eng['launcher_s']:.1f} "
           f"+ torchrun until the worker runs {eng['worker_start_s']:.1f} + worker imports {eng['worker_imports_s']:.1f} "
           f"+ worker setup and step 1 {eng['worker_setup_s']:.1f}")
-    for name in loops[1:]:
+    for name in [name for name in loops if name.startswith("plain")]:
         s_ = summary[name]
         print(f"startup (medians): {name} {s_['startup_s']:.1f} s = interpreter(s) start + imports {s_['imports_s']:.1f} "
               f"+ model and data setup {s_['setup_s']:.1f} + step 1 {s_['first_step_s']:.1f}")
     for name, s in summary.items():
         print(f"per-repeat {name}: step ms {s['step_ms_all']}; CPU-ms/step {s['cpu_ms_per_step_all']}")
     print(f"the engine's own last progress event said {eng['reported_samples_per_s']} samples/s (last 20 steps, median)")
+    compiled = summary.get("engine+compile")
+    if compiled:
+        print(f"train.compile: compiling took {fmt(compiled['compile_s'], 1)} s (median; per repeat "
+              f"{compiled['compile_s_all']}); step time {fmt(pct(compiled['step_ms'], eng['step_ms']), 1)}% (median), "
+              f"{fmt(pct(compiled['best_step_ms'], eng['best_step_ms']), 1)}% (best); CPU time per step "
+              f"{fmt(pct(compiled['cpu_ms_per_step'], eng['cpu_ms_per_step']), 1)}%; startup (spawn -> step 1 done) "
+              f"{compiled['startup_s'] - eng['startup_s']:+.1f} s")
     result = {"plan": plan.line(), "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
               "omp_num_threads": env.get("OMP_NUM_THREADS"), "loops": summary, "engine_overhead": overheads,
               "torchrun_cpu_share": torchrun_share, "table": table, "load_average": os.getloadavg(),

@@ -228,6 +228,7 @@ ROWS: dict[str, Seen | Shown] = {
     "train.loss": Seen("train.loss=l1", "loss"),
     "train.huber_delta": Shown("test_objective.py::test_the_loss_choice_reaches_every_family"),
     "train.input_perturbation": Seen("train.input_perturbation=0.1", "loss"),
+    "train.compile": Shown("test_compile.py::test_compiled_training_matches_eager_and_samples_still_draw"),
     "train.gradient_checkpointing": Shown("test_base_weights.py::test_fp8_base_weights_store_the_network_in_float8_and_the_lora_still_learns"),
     "train.channels_last": Seen("train.channels_last=off", "plan"),
     "train.max_nonfinite_steps": Shown("test_engine.py::test_non_finite_losses_fail_the_run_and_keep_the_last_good_checkpoint"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from trainer.core.compute_paths import channels_last, fp8_compute
+from trainer.core.compiling import compile_note, sharding_problem, toolchain_problem
 from trainer.core.config.schema import Config
 from trainer.core.config.validate import parse_devices
 from trainer.errors import ConfigError
@@ -122,11 +123,13 @@ class Plan:
             return [(w, h, n) for (w, h), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0][0] / kv[0][1]))]
 
         small = [f"{w}x{h} ({n})" for w, h, n in fullest_first(expanded) if n < self.total]
-        notes = self.notes
+        buckets = tuple(fullest_first(images))
+        compiled = compile_note(config, self.per_device, buckets)  # train.compile: now with the shapes it compiles for
+        notes = tuple(compiled if compiled and note.startswith("train.compile:") else note for note in self.notes)
         if small:
             notes += (f"buckets with fewer images than batch {self.total} repeat some of them within a step: "
                       f"{', '.join(small)}",)
-        return replace(self, buckets=tuple(fullest_first(images)), notes=notes)
+        return replace(self, buckets=buckets, notes=notes)
 
     def with_held_out(self, scan) -> "Plan":
         """This plan counting the images `scan` (trainer.core.data.holdout.training_scan) keeps out of training."""
@@ -310,6 +313,10 @@ def make_plan(config: Config, hw: Hardware, parameters: int | None = None) -> Pl
                             "or sharding=ddp if the model fits on one GPU")
     if sharding == "deepspeed":
         problems += _deepspeed_problems(config, precision)
+    for compiled in (sharding_problem(config, sharding, chosen=config.distributed.sharding == "auto"),
+                     toolchain_problem(config, device)):
+        if compiled:
+            problems.append(compiled)
     if problems:
         raise ConfigError(problems, "the plan")
     probe_batch = auto_batch and device == "cuda" and sharding == "ddp"
@@ -319,6 +326,7 @@ def make_plan(config: Config, hw: Hardware, parameters: int | None = None) -> Pl
             "fits" if probe_batch else "1 on the CPU" if device == "cpu" else
             f"1 under {sharding} (the probe runs before the modules are sharded)"))
     total, per_device, accumulation, batch_notes = resolve_batch(total, per_device, world)
+    compiled_note = compile_note(config, per_device)
     return Plan(
         device=device,
         gpu_ids=gpu_ids,
@@ -330,7 +338,7 @@ def make_plan(config: Config, hw: Hardware, parameters: int | None = None) -> Pl
         precision=precision,
         attention=attention,
         steps=config.train.steps,
-        notes=tuple(notes + batch_notes),
+        notes=tuple(notes + batch_notes + ([compiled_note] if compiled_note else [])),
         sharding=sharding,
         zero_stage=config.distributed.zero_stage if sharding == "deepspeed" else 0,
         probe_batch=probe_batch,

@@ -73,7 +73,7 @@ def fit(run: Run) -> str:
         if run.heartbeat is not None:
             run.heartbeat.stepped(run.state.step)
         fault.step_ended(run.rank, run.state.step)
-        throughput.tick(plan.total)
+        throughput.tick(plan.total, counted=not run.compiler.compiled(run.state.step))  # train.compile
         run.events.emit("progress", step=run.state.step, steps=plan.steps,
                         loss=mean_loss if math.isfinite(mean_loss) else None,
                         lr=run.scheduler.get_last_lr()[0], samples_per_s=throughput.rate(),
@@ -140,14 +140,15 @@ def _on_nonfinite(run: Run, step: int, mean_loss: float) -> None:
 
 
 class Throughput:
-    """Samples per second over the recent steps (the first step, with its warm-up, is not counted)."""
+    """Samples per second over the recent steps (the first step, with its warm-up, is not counted, nor a step
+    during which something compiled: `counted=False` starts the window again at its end)."""
 
     def __init__(self, window: int = 20):
         self.times: list[float] = []
         self.window = window
 
-    def tick(self, samples: int) -> None:
-        self.times = (self.times + [time.perf_counter()])[-self.window - 1 :]
+    def tick(self, samples: int, counted: bool = True) -> None:
+        self.times = (self.times if counted else [])[-self.window :] + [time.perf_counter()]
         self.samples = samples
 
     def rate(self) -> float | None:

@@ -14,6 +14,7 @@ from trainer.core.config import Config
 from trainer.core.data.stream import BatchStream
 from trainer.core.plan import Plan
 from trainer.core.stopping import StopRequest
+from trainer.engine.compile import NoCompile
 from trainer.engine.parallel import Parallelism
 from trainer.engine.precision import Amp
 from trainer.families.protocol import Family
@@ -49,6 +50,7 @@ class Run:
     ema: Any = None  # diffusers' EMAModel when full.ema or lora.ema is on (trainer.engine.ema)
     heartbeat: Any = None  # trainer.engine.heartbeat.Heartbeat: the launcher's view of this rank's progress
     input: Any = None  # trainer.engine.input.InputPipeline: each micro-batch's samples, loaded ahead of its step
+    compiler: Any = field(default_factory=NoCompile)  # train.compile (trainer.engine.compile): what compiled when
 
     @property
     def rank(self) -> int:

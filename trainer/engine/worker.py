@@ -36,6 +36,7 @@ def setup(run_dir: Path, resume: Path | None):
     from trainer.core.data.stream import make_stream
     from trainer.families import get_family
     from trainer.families.protocol import Bucketed, WorkerContext
+    from trainer.engine.compile import NoCompile, compile_network
     from trainer.engine.run import Run
     from trainer.engine.ema import build_ema
     from trainer.engine.optim import build_optimizer, build_scheduler, describe as describe_optimizer
@@ -88,10 +89,13 @@ def setup(run_dir: Path, resume: Path | None):
         print(f"optimizer: {describe_optimizer(optimizer)}", flush=True)  # the kernel chosen (trainer.engine.optim)
     scheduler = build_scheduler(optimizer, config.train)
     ema = build_ema(config, (p for g in optimizer.param_groups for p in g["params"]))
+    compiler: NoCompile = NoCompile()
+    if config.train.compile:  # after the adapters (compiled in the blocks) and the batch probe (no compile per size)
+        compiler = compile_network(family, plan, log_warning, main=acc.is_main_process)
     parallel.wrap(family, acc, optimizer)  # DDP / DeepSpeed wrap the trainable modules (FSDP: nothing to do)
     run = Run(config=config, plan=plan, accelerator=acc, family=family, stream=stream, optimizer=optimizer,
               scheduler=scheduler, amp=Amp(plan.precision, acc.device.type), events=events, stop=stop,
-              run_dir=run_dir, ema=ema, parallel=parallel)
+              run_dir=run_dir, ema=ema, parallel=parallel, compiler=compiler)
     family.ema = ema
     from trainer.engine.input import InputPipeline
 
@@ -101,7 +105,7 @@ def setup(run_dir: Path, resume: Path | None):
         load_run_checkpoint(run, resume)
     from trainer.engine.heartbeat import Heartbeat
 
-    run.heartbeat = Heartbeat(run_dir, acc.process_index, lambda: run.phase).start(run.state.step)
+    run.heartbeat = Heartbeat(run_dir, acc.process_index, lambda: compiler.phase(run.phase)).start(run.state.step)
     return run
 
 

@@ -260,6 +260,21 @@ class TrainConfig:
         "contiguous), and the transformer families (SD3, FLUX) have almost no convolutions: both refuse `on`.",
         choices=("auto", "on", "off"),
     )
+    compile: bool = key(
+        False,
+        "Regional compilation: torch.compile (inductor) of the trained network's repeated blocks, in place, after the "
+        "adapters are added so that the LoRA / LoKr / LoHa layers are compiled with them: the blocks diffusers lists "
+        "for `compile_repeated_blocks` (the UNet's transformer blocks for SD and SDXL, FLUX's double and single "
+        "blocks) and SD3's joint blocks. Shapes are static: the blocks compile once per input shape (each "
+        "aspect-ratio bucket, and without gradients the samples' and the validation loss's shapes; the plan's notes "
+        "list them); a `warning` event gives each compile's time, and a step that compiles is left out of "
+        "samples/s. Trains the weights eager training does (within float32 rounding), with DDP, gradient "
+        "checkpointing, model.base_weights nf4, and on the CPU (needs g++ there; Triton needs gcc on GPUs). "
+        "Costs: compiling, the first time about a minute for the demo's tiny UNet on 2 CPU cores, seconds once "
+        "inductor's on-disk cache holds the graphs. Measured gain: none reliable on the CPU for the demo; on GPUs "
+        "not measured (bench/engine_overhead.py --compile measures both). Not for detection (its shapes change "
+        "with every batch), model.base_weights fp8, or distributed.sharding fsdp / deepspeed.",
+    )
     max_nonfinite_steps: int = key(
         5, "Skip steps with a NaN/inf loss; after this many in a row the run fails (keeping its last checkpoint)."
     )

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 from trainer.core.config.lora_checks import lora_problems
+from trainer.core.compiling import compile_problems
 from trainer.core.config.schema import Config, ModelConfig
 from trainer.families import SPECS
 
@@ -112,6 +113,7 @@ def validate(config: Config, *, check_paths: bool = True) -> list[str]:
         if not lora.unet_targets:
             p.append("lora.unet_targets: needs at least one module name, e.g. [to_q, to_k, to_v, to_out.0]")
     p += lora_problems(config, check_paths=check_paths)
+    p += compile_problems(config)
     base_weights = config.model.base_weights
     if base_weights != "default" and config.method != "lora":
         p.append(f"model.base_weights: {base_weights} is for LoRA on the diffusion families (a full fine-tune "

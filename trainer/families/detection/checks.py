@@ -73,6 +73,12 @@ def detection_problems(config: Config, *, check_paths: bool = True) -> list[str]
                      "a val.json next to train.json, else detection.val_fraction of the training images), not on "
                      f"held-out images; leave data.{name} unset")
     p += _diffusion_only_problems(config)
+    if config.train.compile:
+        p.append("train.compile: not for detection: a detector's tensors change shape from batch to batch "
+                 "(torchvision's detectors resize each image within data.resolution keeping its aspect ratio and pad "
+                 "each batch to its largest image; every detector's loss matches a different number of boxes per "
+                 "image, with data-dependent code such as NMS and Hungarian matching), so compiling with static "
+                 "shapes would compile again at almost every step. Set train.compile=false.")
     if config.eval.best == "val_loss":
         p.append("eval.best: val_loss is the diffusion families' validation loss; detection keeps checkpoints/best/ by "
                  "detection.best_metric (map or map50): set eval.best=auto, or none for no best checkpoint")
