@@ -16,6 +16,7 @@ from trainer.core.data.stream import position_seed
 from trainer.engine import faults
 from trainer.engine.input import to_device
 from trainer.engine.run import Run, RunFailed
+from trainer.families.protocol import Fetches
 from trainer.core.telemetry import WIDTH, summarize
 from trainer.engine.telemetry import RankClock
 from trainer.engine.run_io import draw_samples, evaluate, save_run_checkpoint
@@ -29,6 +30,7 @@ def fit(run: Run) -> str:
     throughput = Throughput()
     clock = RankClock(acc.device)
     batches = run.input.from_step(run.state.step)
+    fetches = run.family if isinstance(run.family, Fetches) else None
     for step in range(run.state.step, plan.steps):
         # Global randomness (LoRA dropout) is a function of the step, so a resumed run draws what an
         # uninterrupted one would have; per-sample draws come from each sample's own generator.
@@ -44,10 +46,10 @@ def fit(run: Run) -> str:
             assert (batch.step, batch.micro) == (step, micro), "input pipeline out of step with the loop"
             with acc.accumulate(*run.family.prepared):
                 with run.amp.autocast(), clock.forward():
-                    if batch.fetched is None:
+                    if fetches is None:
                         loss = run.family.loss(batch.samples)
                     else:
-                        loss = run.family.loss_of(batch.samples, to_device(batch.fetched, acc.device))
+                        loss = fetches.loss_of(batch.samples, to_device(batch.fetched, acc.device))
                 acc.backward(run.amp.scale(loss))  # divides by the accumulation; DDP syncs on the last micro-step
             losses.append(loss.detach().float())
         assert acc.sync_gradients, "accumulation out of step with the optimizer"

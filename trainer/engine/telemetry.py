@@ -68,7 +68,7 @@ class RankClock:
         if self._nvml is None:
             return -1.0
         try:
-            import pynvml
+            import pynvml  # type: ignore[import-not-found]
 
             return float(pynvml.nvmlDeviceGetUtilizationRates(self._nvml).gpu)
         except Exception:  # noqa: BLE001 -- a telemetry read never fails a run

@@ -291,7 +291,7 @@ class CaptionedLatents:
             for name, values in rows.items():
                 column = places.setdefault(name, [None] * len(items))
                 for row, index in enumerate(members):
-                    column[index] = (values.rows, row)
+                    column[index] = values.places[row]
         return {name: Column.gather(name, column) for name, column in places.items()}
 
     def _cache_rows(self, items: list[ImageItem], kind: str, size: Size, flip: bool) -> dict[str, Column]:

@@ -81,7 +81,7 @@ class DiskRows:
         return tensor.float() if tensor.is_floating_point() else tensor
 
     def column(self, name: str) -> "Column":
-        return Column(self, name, range(self.count))
+        return Column(name, [(self, i) for i in range(self.count)])
 
     def table(self) -> dict[str, "Column"]:
         return {name: self.column(name) for name in self.names}
@@ -91,21 +91,20 @@ class DiskRows:
 
 
 class Column:
-    """One column of cached rows, indexable like a tensor's first dimension: `column[i]`, `len(column)`.
-    `Column.gather` makes one column out of rows of several caches (aspect-ratio buckets: a cache per bucket)."""
+    """One column of cached rows, indexable like a tensor's first dimension: `column[i]`, `len(column)`. Row i
+    is row `places[i][1]` of the cache `places[i][0]`: one cache (`DiskRows.column`), or several
+    (`Column.gather`: aspect-ratio buckets have a cache each)."""
 
-    def __init__(self, rows: DiskRows | None, name: str, index: range | list[tuple[DiskRows, int]]):
-        self.rows, self.name, self.index = rows, name, index
+    def __init__(self, name: str, places: list[tuple[DiskRows, int]]):
+        self.name, self.places = name, places
 
     @classmethod
     def gather(cls, name: str, places: list[tuple[DiskRows, int]]) -> "Column":
-        return cls(None, name, places)
+        return cls(name, places)
 
     def __len__(self) -> int:
-        return len(self.index)
+        return len(self.places)
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        if self.rows is not None:
-            return self.rows.row(self.name, self.index[i])
-        rows, row = self.index[i]  # type: ignore[misc]
+        rows, row = self.places[i]
         return rows.row(self.name, row)
