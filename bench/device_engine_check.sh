@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
-# The engine end to end on one CUDA GPU (bf16 plan): the offline demo through launch.py, then a tiny SDXL LoRA
-# and a tiny FLUX full fine-tune through the launcher. For a device machine without omegaconf/diffusers: wheels in .whl/.
+# The engine end to end on one CUDA GPU (bf16 plan): the offline demo through launch.py (its input workers pin
+# memory there), then with each GPU lever once (fp8 compute, train.compile, batch.per_device auto), a tiny FLUX
+# full fine-tune through the launcher, and the GPU-only tests (one host sync per step). For a device machine
+# without omegaconf/diffusers: wheels in .whl/.
 set -o pipefail
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/bench-out}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
 status=0
 python3 launch.py --preset presets/demo.yaml --runs-dir /tmp/runs train.steps=100 sample.every=50 2>&1 | tail -25 || status=$?
+for lever in "model.base_weights=fp8 model.fp8_compute=on name=demo-fp8" "train.compile=true name=demo-compile" \
+             "batch.per_device=auto name=demo-auto-batch"; do
+  # shellcheck disable=SC2086  # each lever is several KEY=VALUE words
+  python3 launch.py --preset presets/demo.yaml --runs-dir /tmp/runs train.steps=30 sample.every=0 $lever 2>&1 | tail -4 || status=$?
+done
+python3 -m pytest -q -p no:cacheprovider -n0 tests/test_gpu_syncs.py 2>&1 | tail -15 || status=$?
 python3 -c "from trainer.families.flow.demo import make_tiny_flux; from trainer.families.sd.demo import make_demo_dataset; make_tiny_flux('/tmp/a/flux'); make_demo_dataset('/tmp/a/data', count=8)" || status=$?
 python3 launch.py --preset presets/flux-dev-lora-24gb.yaml --runs-dir /tmp/runs model.path=/tmp/a/flux data.path=/tmp/a/data \
   method=full name=flux-full data.resolution=64 sample.size=64 sample.steps=4 train.steps=30 sample.every=15 \

@@ -16,6 +16,7 @@ from trainer.core.data.stream import position_seed
 from trainer.engine import faults
 from trainer.engine.input import to_device
 from trainer.engine.run import Run, RunFailed
+from trainer.families.components.transfer import tensor_on
 from trainer.families.protocol import Fetches
 from trainer.core.telemetry import WIDTH, summarize
 from trainer.engine.telemetry import RankClock
@@ -102,13 +103,15 @@ def _reduce_step(losses: list[torch.Tensor], stop: bool, device, figures: list[f
                  world_size: int) -> tuple[float, bool, bool, list[float]]:
     """One all-reduce per optimizer step: the mean loss over all ranks, whether every loss was finite, whether
     any rank was asked to stop (so all ranks stop after the same step), and every rank's telemetry of the step
-    before (trainer.core.telemetry: each rank fills its own slots, the others are zero, so the sum is all)."""
-    local = torch.stack(losses)
+    before (trainer.core.telemetry: each rank fills its own slots, the others are zero, so the sum is all).
+    The losses' sums stay on the device and the host's values are copied there without waiting, so reading the
+    result is the step's one host sync (trainer.families.components.transfer; tests/test_gpu_syncs.py)."""
+    local = torch.stack(losses).double()
     finite = torch.isfinite(local)
     slots = [0.0] * (WIDTH * world_size)
     slots[rank * WIDTH:(rank + 1) * WIDTH] = figures
-    stats = torch.tensor([torch.where(finite, local, 0).sum().item(), float(finite.sum()), float((~finite).sum()),
-                          float(stop), *slots], dtype=torch.float64, device=device)
+    counts = torch.stack([torch.where(finite, local, 0).sum(), finite.sum(), (~finite).sum()]).double()
+    stats = torch.cat([counts, tensor_on([float(stop), *slots], device, torch.float64)])
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(stats)
     total, count, nonfinite, stop_votes, *reduced = stats.tolist()

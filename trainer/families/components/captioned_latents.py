@@ -254,14 +254,15 @@ class CaptionedLatents:
             self._fetched = {}
 
     def latent_dist(self, image_index: int, epoch: int, expanded_index: int, kind: str):
-        """(mean, std) of the VAE latent distribution of one training sample, with its augmentation."""
+        """(mean, std) of the VAE latent distribution of one training sample, with its augmentation: from the
+        cache (CPU tensors) or encoded now (on the device)."""
         key = (epoch, image_index, expanded_index, kind)
         source = self._fetched.get(key) or self._latent_source(image_index, epoch, expanded_index, kind)
         if "mean" in source:
             return source["mean"], source["std"]
         with torch.no_grad():
             dist = self.vae.encode(source["pixels"][None].to(self.ctx.device, self.vae.dtype)).latent_dist
-        return dist.mean[0].float().cpu(), dist.std[0].float().cpu()
+        return dist.mean[0].float(), dist.std[0].float()  # on the device: the loss uses them there
 
     def _latent_source(self, image_index: int, epoch: int, expanded_index: int, kind: str) -> dict[str, torch.Tensor]:
         """{"mean", "std"} from the latent cache, or {"pixels"} to encode: the sample's crop and flip."""

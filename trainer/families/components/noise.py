@@ -38,7 +38,7 @@ def target_for(scheduler, latents, noise, timesteps, prediction_type: str) -> to
 
 
 def snr(scheduler, timesteps: torch.Tensor) -> torch.Tensor:
-    alphas_cumprod = scheduler.alphas_cumprod.to(timesteps.device)[timesteps].float()
+    alphas_cumprod = scheduler.alphas_cumprod.to(timesteps.device, non_blocking=True)[timesteps].float()
     return alphas_cumprod / (1 - alphas_cumprod)
 
 

@@ -47,7 +47,7 @@ class Objective:
         [0, 1] broadcast over the channels, or None."""
         err = self.error(pred, target)
         if mask is not None:
-            err = err * mask.to(err.device, err.dtype)
+            err = err * mask.to(err.device, err.dtype, non_blocking=True)  # no host sync (components.transfer)
         return err.mean(dim=tuple(range(1, err.ndim)))
 
     def input_noise(self, generator: torch.Generator, noise: torch.Tensor, *, training: bool = True) -> torch.Tensor:

@@ -14,6 +14,7 @@ from trainer.families.components.base_weights import frozen_dtype, place_frozen_
 from trainer.families.components.captioned import torch_generator
 from trainer.families.components.captioned_latents import CaptionedLatents, Row
 from trainer.families.components.objective import Objective
+from trainer.families.components.transfer import on_device, tensor_on
 
 Predict = Callable[[torch.Tensor, torch.Tensor, list[str], list[Row]], torch.Tensor]
 """`predict(noisy latents, timesteps, captions, rows)`: the UNet's prediction with the family's conditioning."""
@@ -27,20 +28,23 @@ def ddpm_loss(rows: list[Row], stream: int, *, data: CaptionedLatents, vae: Any,
     l1) weighted by its loss mask and Min-SNR."""
     cfg, device = data.cfg, data.ctx.device
     objective = Objective.from_config(cfg.train)
-    latents, noises, inputs, timesteps = [], [], [], []
-    factor = vae.config.scaling_factor
+    dists, eps, noises, inputs, timesteps = [], [], [], [], []
     for position, epoch, image_index, expanded_index, kind in rows:
-        mean, std = data.latent_dist(image_index, epoch, expanded_index, kind)
+        dists.append(data.latent_dist(image_index, epoch, expanded_index, kind))  # cached: CPU; encoded: device
         gen = torch_generator(position_seed(cfg.seed, position, stream))
-        d = diffusion.draw(gen, tuple(mean.shape), num_timesteps=noise_scheduler.config.num_train_timesteps,
+        shape = tuple(dists[-1][0].shape)
+        d = diffusion.draw(gen, shape, num_timesteps=noise_scheduler.config.num_train_timesteps,
                            noise_offset=cfg.train.noise_offset)
-        latents.append((mean + std * d.latent_eps) * factor)
+        eps.append(d.latent_eps)
         noises.append(d.noise)
         inputs.append(objective.input_noise(gen, d.noise, training=kind != "val"))
         timesteps.append(d.timestep)
-    x0, noise = torch.stack(latents).to(device), torch.stack(noises).to(device)
-    t = torch.tensor(timesteps, device=device, dtype=torch.long)
-    noisy = noise_scheduler.add_noise(x0, torch.stack(inputs).to(device), t)
+    mean = torch.stack([on_device(m, device) for m, _ in dists])
+    std = torch.stack([on_device(s, device) for _, s in dists])
+    x0 = (mean + std * on_device(torch.stack(eps), device)) * vae.config.scaling_factor
+    noise = on_device(torch.stack(noises), device)
+    t = tensor_on(timesteps, device, torch.long)
+    noisy = noise_scheduler.add_noise(x0, on_device(torch.stack(inputs), device), t)
     pred = predict(noisy, t, [data.row_caption(row) for row in rows], rows)
     target = diffusion.target_for(noise_scheduler, x0, noise, t, prediction_type)
     return diffusion.per_sample_loss(pred, target, scheduler=noise_scheduler, timesteps=t,

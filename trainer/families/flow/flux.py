@@ -17,6 +17,7 @@ from diffusers import FluxPipeline
 
 from trainer.families.components import flow_matching as fm
 from trainer.families.components import trained_weights
+from trainer.families.components.transfer import on_device
 from trainer.families.flow.outputs import save_flow_outputs
 from trainer.families.flow.trainer import FlowTransformerTrainer
 from trainer.families.protocol import Evaluates, Sample, WorkerContext
@@ -124,14 +125,14 @@ class FluxFamily:
     def forward(self, model: Any, noisy: torch.Tensor, sigmas: torch.Tensor, text: dict) -> torch.Tensor:
         b, _, h, w = noisy.shape
         device, dtype = noisy.device, noisy.dtype
-        embeds = text["embeds"].to(device, dtype)
+        embeds = on_device(text["embeds"], device, dtype)
         guidance = None
         if self.guidance_embeds:
             guidance = torch.full((b,), float(self.cfg.flow.guidance), device=device, dtype=torch.float32)
         packed = model(hidden_states=fm.pack_latents(noisy), timestep=sigmas, guidance=guidance,
-                       pooled_projections=text["pooled"].to(device, dtype), encoder_hidden_states=embeds,
+                       pooled_projections=on_device(text["pooled"], device, dtype), encoder_hidden_states=embeds,
                        txt_ids=torch.zeros(embeds.shape[1], 3, device=device, dtype=dtype),
-                       img_ids=fm.latent_image_ids(h, w).to(device, dtype), return_dict=False)[0]
+                       img_ids=on_device(fm.latent_image_ids(h, w), device, dtype), return_dict=False)[0]
         return fm.unpack_latents(packed, h, w)
 
     def texts_for(self, prompt: str, negative_prompt: str) -> list[str]:

@@ -15,6 +15,7 @@ import torch
 from diffusers import StableDiffusion3Pipeline
 
 from trainer.families.components import trained_weights
+from trainer.families.components.transfer import on_device
 from trainer.families.flow.outputs import save_flow_outputs
 from trainer.families.flow.trainer import FlowTransformerTrainer
 from trainer.families.protocol import Evaluates, Sample, WorkerContext
@@ -104,8 +105,8 @@ class SD3Family:
 
     def forward(self, model: Any, noisy: torch.Tensor, sigmas: torch.Tensor, text: dict) -> torch.Tensor:
         device, dtype = noisy.device, noisy.dtype
-        return model(hidden_states=noisy, timestep=sigmas * 1000, encoder_hidden_states=text["embeds"].to(device, dtype),
-                     pooled_projections=text["pooled"].to(device, dtype), return_dict=False)[0]
+        return model(hidden_states=noisy, timestep=sigmas * 1000, encoder_hidden_states=on_device(text["embeds"], device, dtype),
+                     pooled_projections=on_device(text["pooled"], device, dtype), return_dict=False)[0]
 
     def sample_kwargs(self, negative_prompt: str) -> dict:
         return {"max_sequence_length": self.max_sequence_length(), "negative_prompt": negative_prompt or None}

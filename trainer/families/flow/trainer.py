@@ -26,6 +26,7 @@ from trainer.families.components.captioned import torch_generator
 from trainer.families.components.captioned_latents import CaptionedLatents, Row
 from trainer.families.components.latent_cache import weights_fingerprint
 from trainer.families.components.objective import Objective
+from trainer.families.components.transfer import on_device, tensor_on
 from trainer.families.components.validation import held_out_loss
 from trainer.families.protocol import Evaluates, Sample, WorkerContext
 
@@ -214,7 +215,7 @@ class FlowTransformerTrainer:
         """One caption's cached embeddings as the pipeline's own encoding would have produced them."""
         assert self.text_cache is not None, "only called when every prompt is in the cache"
         dtype = self.text_encoders[0].dtype
-        return {k: v[None].to(self.ctx.device, dtype) for k, v in self.text_cache.get(caption).items()}
+        return {k: on_device(v[None], self.ctx.device, dtype) for k, v in self.text_cache.get(caption).items()}
 
     # ---- loss ---------------------------------------------------------------------------------------------
     def static_shift(self) -> float:
@@ -229,21 +230,24 @@ class FlowTransformerTrainer:
         cfg, flow, device = self.cfg, self.cfg.flow, self.ctx.device
         vae = self.vae.config
         objective = Objective.from_config(cfg.train)
-        latents, noises, inputs, sigma_list = [], [], [], []
+        dists, eps, noises, inputs, sigma_list = [], [], [], [], []
         for position, epoch, image_index, expanded_index, kind in rows:
-            mean, std = self.data.latent_dist(image_index, epoch, expanded_index, kind)
+            dists.append(self.data.latent_dist(image_index, epoch, expanded_index, kind))  # CPU, or device if encoded
             gen = torch_generator(position_seed(cfg.seed, position, stream))
-            eps, sigma, noise = fm.draw_sample(gen, tuple(mean.shape), scheme=flow.timestep_sampling,
-                                               logit_mean=flow.logit_mean, logit_std=flow.logit_std,
-                                               shift=self.model.shift(tuple(mean.shape)),
-                                               noise_offset=cfg.train.noise_offset)
-            latents.append((mean + std * eps - (vae.shift_factor or 0.0)) * vae.scaling_factor)
+            shape = tuple(dists[-1][0].shape)
+            e, sigma, noise = fm.draw_sample(gen, shape, scheme=flow.timestep_sampling,
+                                             logit_mean=flow.logit_mean, logit_std=flow.logit_std,
+                                             shift=self.model.shift(shape), noise_offset=cfg.train.noise_offset)
+            eps.append(e)
             noises.append(noise)
             inputs.append(objective.input_noise(gen, noise, training=kind != "val"))
             sigma_list.append(sigma)
-        x0, noise = torch.stack(latents).to(device), torch.stack(noises).to(device)
-        sigmas = torch.tensor(sigma_list, device=device, dtype=torch.float32)
-        noisy, target = fm.noisy_and_target(x0, noise, sigmas, torch.stack(inputs).to(device))
+        mean = torch.stack([on_device(m, device) for m, _ in dists])
+        std = torch.stack([on_device(s, device) for _, s in dists])
+        x0 = (mean + std * on_device(torch.stack(eps), device) - (vae.shift_factor or 0.0)) * vae.scaling_factor
+        noise = on_device(torch.stack(noises), device)
+        sigmas = tensor_on(sigma_list, device, torch.float32)
+        noisy, target = fm.noisy_and_target(x0, noise, sigmas, on_device(torch.stack(inputs), device))
         text = self._text([self.data.row_caption(row) for row in rows])
         pred = self.model.forward(transformer, noisy.to(self.transformer.dtype), sigmas, text)
         return fm.per_sample_loss(pred, target, sigmas, flow.weighting, objective=objective,

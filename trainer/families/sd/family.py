@@ -19,6 +19,7 @@ from trainer.families.components.noise import zero_terminal_snr
 from trainer.families.components.sd_loading import load_sd_components
 from trainer.families.components.unet_training import ddpm_loss, setup_models
 from trainer.families.components.validation import held_out_loss
+from trainer.families.components.transfer import on_device
 from trainer.families.protocol import Evaluates, Sample, WorkerContext
 
 
@@ -121,7 +122,7 @@ class StableDiffusionFamily:
         device = self.ctx.device
         unet = modules[0]
         text_encoder = modules[1] if self.train_text_encoder else self.text_encoder
-        ids = torch.stack([self._token_ids(c) for c in captions]).to(device)
+        ids = on_device(torch.stack([self._token_ids(c) for c in captions]), device)
         with torch.set_grad_enabled(self.train_text_encoder and torch.is_grad_enabled()):
             hidden = text_encoder(ids, return_dict=False)[0]
         return unet(noisy.to(self.unet.dtype), t, hidden, return_dict=False)[0]

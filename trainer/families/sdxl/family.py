@@ -25,6 +25,7 @@ from trainer.families.components.noise import zero_terminal_snr
 from trainer.families.components.sd_loading import load_pipeline
 from trainer.families.components.unet_training import ddpm_loss, setup_models
 from trainer.families.components.validation import held_out_loss
+from trainer.families.components.transfer import on_device, tensor_on
 from trainer.families.protocol import Evaluates, Sample, WorkerContext
 
 CACHE_TEXT_DEFAULT = True
@@ -186,9 +187,9 @@ class StableDiffusionXLFamily:
             with torch.set_grad_enabled(self.train_text_encoder and torch.is_grad_enabled()):
                 hidden, pooled = self.encode_prompts(captions, encoders)
         dtype = self.unet.dtype
-        time_ids = torch.tensor([self.time_ids(row) for row in rows], dtype=torch.float32, device=device)
-        added = {"text_embeds": pooled.to(device, dtype), "time_ids": time_ids.to(dtype)}
-        return modules[0](noisy.to(dtype), t, hidden.to(device, dtype), added_cond_kwargs=added,
+        time_ids = tensor_on([self.time_ids(row) for row in rows], device, torch.float32)
+        added = {"text_embeds": on_device(pooled, device, dtype), "time_ids": time_ids.to(dtype)}
+        return modules[0](noisy.to(dtype), t, on_device(hidden, device, dtype), added_cond_kwargs=added,
                           return_dict=False)[0]
 
     # ---- samples and outputs ------------------------------------------------------------------------------
