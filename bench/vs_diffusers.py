@@ -100,8 +100,17 @@ are reported, and the median of the per-round ratios (the two runs of a round ar
   imagetune's launcher until its worker process starts), setup (-> the training loop starts: model loading, LoRA,
   data; for imagetune also the worker's imports and its latent cache), samples (every sampling/validation window,
   the final one included), checkpoints (every one, the final one included), steps (the rest of the training loop),
-  outputs (after the last checkpoint until the last in-process mark: imagetune's `done`, the script's
-  `end_training`, the final validation excepted), exit (-> the process is reaped). They add up to the wall time.
+  outputs (after the last step and its samples/checkpoint until the last in-process mark: imagetune's `done`, the
+  script's `end_training`), exit (-> the process is reaped). They add up to the wall time;
+- the CPU time of each phase: the process tree's CPU time (/proc/PID/stat of every process seen, the exited ones at
+  their last reading) polled every 0.5 s, interpolated at the phase boundaries (the last point is wait4's total);
+  CPU-ms per step = the `steps` phase's CPU time / steps. On a shared machine these are much steadier than wall
+  time, which mostly measures how much of a core the other tenants left;
+- the launcher's demo asset check (a child process of launch.py): from its start (/proc) to the last poll that saw
+  it;
+- imports alone, before the runs (`--probe-repeats`, 3 each, alternating, fresh processes): spawn until imagetune's
+  worker modules are imported, and until the script's own top-level `import` statements (read from --script with
+  `ast`) have run.
 """
 
 from __future__ import annotations
@@ -710,6 +719,10 @@ def main(argv=None) -> int:
     except ImportError:
         pass
     if args.json:
+        for by_side in runs.values():  # the 0.5 s CPU polls stay out (bulky); phases_cpu holds what they gave
+            for side_runs in by_side.values():
+                for r in side_runs:
+                    r.pop("cpu_curve", None)
         Path(args.json).write_text(json.dumps(result, indent=1, default=str) + "\n")
     return 0
 
