@@ -9,11 +9,26 @@ import torch
 from trainer.core.config.schema import TrainConfig
 from trainer.errors import UserError
 
+# train.weight_decay when unset. Why SGD has its own: its decay is an L2 term in the gradient, which momentum 0.9
+# multiplies by ~10, so AdamW's decoupled 1e-2 would be 100x the SGD recipes' 1e-4 (torchvision's detection and
+# classification references): at lr 0.02 it halves a weight without gradient in 300 steps, and it cost a
+# from-scratch Faster R-CNN much of its mAP against torchvision's train.py (bench/README.md, detection parity).
+DEFAULT_WEIGHT_DECAY = {"sgd": 1e-4}
+ADAMW_WEIGHT_DECAY = 1e-2
+
+
+def weight_decay(train: TrainConfig) -> float:
+    """train.weight_decay, or the optimizer's usual value when it is unset."""
+    if train.weight_decay is not None:
+        return train.weight_decay
+    return DEFAULT_WEIGHT_DECAY.get(train.optimizer, ADAMW_WEIGHT_DECAY)
+
 
 def build_optimizer(groups: list[dict], train: TrainConfig) -> torch.optim.Optimizer:
+    decay = weight_decay(train)
     if train.optimizer == "adamw":
         beta1, beta2 = train.betas  # two, validated
-        return torch.optim.AdamW(groups, betas=(beta1, beta2), eps=train.eps, weight_decay=train.weight_decay,
+        return torch.optim.AdamW(groups, betas=(beta1, beta2), eps=train.eps, weight_decay=decay,
                                  **_kernel(groups))
     if train.optimizer == "adamw8bit":
         try:
@@ -21,15 +36,15 @@ def build_optimizer(groups: list[dict], train: TrainConfig) -> torch.optim.Optim
         except Exception as exc:  # not installed, or built for another CUDA/torch
             raise UserError(f"train.optimizer adamw8bit needs bitsandbytes, which failed to import ({exc}); "
                             "install it with `pip install imagetune[bnb]` or use train.optimizer=adamw") from None
-        return bnb.optim.AdamW8bit(groups, betas=tuple(train.betas), eps=train.eps, weight_decay=train.weight_decay)
+        return bnb.optim.AdamW8bit(groups, betas=tuple(train.betas), eps=train.eps, weight_decay=decay)
     if train.optimizer == "sgd":
-        return torch.optim.SGD(groups, momentum=0.9, weight_decay=train.weight_decay, **_kernel(groups))
+        return torch.optim.SGD(groups, momentum=0.9, weight_decay=decay, **_kernel(groups))
     if train.optimizer == "prodigy":
         from prodigyopt import Prodigy
 
         # Decoupled weight decay as AdamW's; the learning rate of each group multiplies the step size Prodigy
         # estimates (its `d`), so 1.0 is the norm. safeguard_warmup: without it d overshoots during a warmup.
-        return Prodigy(groups, betas=tuple(train.betas), weight_decay=train.weight_decay, decouple=True,
+        return Prodigy(groups, betas=tuple(train.betas), weight_decay=decay, decouple=True,
                        use_bias_correction=True, safeguard_warmup=train.warmup_steps > 0)
     if train.optimizer == "adafactor":
         from transformers.optimization import Adafactor
@@ -37,12 +52,12 @@ def build_optimizer(groups: list[dict], train: TrainConfig) -> torch.optim.Optim
         # The fixed-step form (kohya's and OneTrainer's): train.lr is the step size and the schedule applies;
         # relative steps would ignore both.
         return Adafactor(groups, relative_step=False, scale_parameter=False, warmup_init=False,
-                         weight_decay=train.weight_decay)
+                         weight_decay=decay)
     if train.optimizer == "adamw_schedulefree":
         from schedulefree import AdamWScheduleFree
 
         optimizer = AdamWScheduleFree(groups, betas=tuple(train.betas), eps=train.eps,
-                                      weight_decay=train.weight_decay, warmup_steps=train.warmup_steps)
+                                      weight_decay=decay, warmup_steps=train.warmup_steps)
         optimizer.train()  # it starts in eval mode and refuses to step there
         return optimizer
     raise UserError(f"train.optimizer: unknown optimizer {train.optimizer!r}")

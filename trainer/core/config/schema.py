@@ -215,7 +215,12 @@ class TrainConfig:
         "averaged weights).",
         choices=("adamw", "adamw8bit", "sgd", "prodigy", "adafactor", "adamw_schedulefree"),
     )
-    weight_decay: float = key(1e-2, "AdamW weight decay (also Prodigy's, Adafactor's and schedule-free AdamW's).")
+    weight_decay: Optional[float] = key(
+        None,
+        "Weight decay. Unset: the optimizer's usual value: 1e-2 for AdamW (decoupled; also adamw8bit's, Prodigy's, "
+        "Adafactor's and schedule-free AdamW's), 1e-4 for `sgd` (an L2 term added to the gradient, which momentum "
+        "amplifies; torchvision's detection and classification recipes use 1e-4).",
+    )
     betas: list[float] = key([0.9, 0.999], "AdamW betas (also Prodigy's and schedule-free AdamW's).")
     eps: float = key(1e-8, "AdamW epsilon.")
     scheduler: str = key(
@@ -228,7 +233,11 @@ class TrainConfig:
     scheduler_power: float = key(
         1.0, "polynomial: the decay's power (1.0 is linear decay to zero, 2.0 quadratic).")
     warmup_steps: int = key(0, "Linear warmup, in optimizer steps.")
-    max_grad_norm: float = key(1.0, "Clip the gradient norm to this (0 disables clipping).")
+    max_grad_norm: float = key(
+        1.0, "Clip the gradient norm to this (0 disables clipping). With `sgd` the step is proportional to the "
+        "gradient, so a cap below its norm is a lower learning rate (a from-scratch Faster R-CNN's norm is 2-8, and "
+        "clipping at 1 halved its mAP in 304 steps: bench/README.md); torchvision's SGD detection recipe does not "
+        "clip (0).")
     noise_offset: float = key(
         0.0, "Noise offset: a random per-channel shift of each sample's noise (0.05-0.1 helps very dark or bright "
         "images), in every diffusion family (for SD3/FLUX the velocity target carries it); 0 disables it.")
