@@ -40,7 +40,7 @@ class _Accelerator:  # what a family uses of accelerate's, for one process
         return model
 
 
-EXTRA = {"sdxl": [], "flux": ["flow.max_sequence_length=16"], "sd3": ["flow.max_sequence_length=16"]}
+EXTRA = {"sd": [], "sdxl": [], "flux": ["flow.max_sequence_length=16"], "sd3": ["flow.max_sequence_length=16"]}
 
 
 def make_family(tmp_path, name, model, data, *overrides):

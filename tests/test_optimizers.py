@@ -56,19 +56,23 @@ def test_polynomial_decays_with_scheduler_power():
     assert at_half(1.0) == pytest.approx(0.5, abs=1e-3) and at_half(2.0) == pytest.approx(0.25, abs=1e-3)
 
 
-def test_weight_decay_defaults_to_the_optimizers_usual_value():
-    """Unset, train.weight_decay is AdamW's decoupled 1e-2 but SGD's 1e-4 (torchvision's detection recipe): SGD's
-    L2 term at 1e-2 cost a from-scratch Faster R-CNN much of its mAP (bench/detection_parity.py). A set value
-    stays."""
+def test_weight_decay_and_clipping_default_to_the_optimizers_usual_values():
+    """Unset, train.weight_decay is AdamW's decoupled 1e-2 but SGD's 1e-4, and train.max_grad_norm clips at 1.0
+    for AdamW but not at all for SGD (torchvision's detection recipe): SGD's L2 term at 1e-2 and a cap at 1 each
+    cost a from-scratch Faster R-CNN much of its mAP (bench/detection_parity.py). A set value stays."""
     weight = torch.nn.Parameter(torch.ones(2))
 
     def decay(**train):
         optimizer = build_optimizer([{"params": [weight], "lr": 0.1}], TrainConfig(**train))
         return optimizer.param_groups[0]["weight_decay"]
 
-    assert load_config(None, ["train.optimizer=sgd"], check_paths=False).train.weight_decay is None
+    sgd = load_config(None, ["train.optimizer=sgd"], check_paths=False).train
+    assert sgd.weight_decay is None and sgd.max_grad_norm is None
     assert decay(optimizer="sgd") == 1e-4 and decay(optimizer="adamw") == 1e-2
     assert decay(optimizer="sgd", weight_decay=1e-2) == 1e-2 and decay(optimizer="adamw", weight_decay=0.0) == 0.0
+    assert sgd.clip_norm() == 0.0 and TrainConfig(optimizer="adamw").clip_norm() == 1.0
+    assert TrainConfig(optimizer="sgd", max_grad_norm=2.0).clip_norm() == 2.0
+    assert TrainConfig(optimizer="prodigy", max_grad_norm=0.0).clip_norm() == 0.0
 
 
 def test_prodigy_estimates_its_own_step_size():

@@ -62,8 +62,8 @@ def fit(run: Run) -> str:
         if finite:
             if not run.parallel.steps_in_backward:  # DeepSpeed clipped and stepped in the last backward
                 run.amp.unscale(run.optimizer)
-                if cfg.train.max_grad_norm:
-                    torch.nn.utils.clip_grad_norm_(run.trainable_params(), cfg.train.max_grad_norm)
+                if cfg.train.clip_norm():
+                    torch.nn.utils.clip_grad_norm_(run.trainable_params(), cfg.train.clip_norm())
                 if run.amp.step(run.optimizer) and run.ema is not None:
                     run.ema.step(run.trainable_params())
             run.state.nonfinite_in_row = 0

@@ -9,23 +9,8 @@ import torch
 from trainer.core.config.schema import TrainConfig
 from trainer.errors import UserError
 
-# train.weight_decay when unset. Why SGD has its own: its decay is an L2 term in the gradient, which momentum 0.9
-# multiplies by ~10, so AdamW's decoupled 1e-2 would be 100x the SGD recipes' 1e-4 (torchvision's detection and
-# classification references): at lr 0.02 it halves a weight without gradient in 300 steps, and it cost a
-# from-scratch Faster R-CNN much of its mAP against torchvision's train.py (bench/README.md, detection parity).
-DEFAULT_WEIGHT_DECAY = {"sgd": 1e-4}
-ADAMW_WEIGHT_DECAY = 1e-2
-
-
-def weight_decay(train: TrainConfig) -> float:
-    """train.weight_decay, or the optimizer's usual value when it is unset."""
-    if train.weight_decay is not None:
-        return train.weight_decay
-    return DEFAULT_WEIGHT_DECAY.get(train.optimizer, ADAMW_WEIGHT_DECAY)
-
-
 def build_optimizer(groups: list[dict], train: TrainConfig) -> torch.optim.Optimizer:
-    decay = weight_decay(train)
+    decay = train.decay()  # the key, or the optimizer's usual value
     if train.optimizer == "adamw":
         beta1, beta2 = train.betas  # two, validated
         return torch.optim.AdamW(groups, betas=(beta1, beta2), eps=train.eps, weight_decay=decay,

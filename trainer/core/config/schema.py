@@ -233,11 +233,11 @@ class TrainConfig:
     scheduler_power: float = key(
         1.0, "polynomial: the decay's power (1.0 is linear decay to zero, 2.0 quadratic).")
     warmup_steps: int = key(0, "Linear warmup, in optimizer steps.")
-    max_grad_norm: float = key(
-        1.0, "Clip the gradient norm to this (0 disables clipping). With `sgd` the step is proportional to the "
-        "gradient, so a cap below its norm is a lower learning rate (a from-scratch Faster R-CNN's norm is 2-8, and "
-        "clipping at 1 halved its mAP in 304 steps: bench/README.md); torchvision's SGD detection recipe does not "
-        "clip (0).")
+    max_grad_norm: Optional[float] = key(
+        None, "Clip the gradient norm to this; 0 disables clipping. Unset: the optimizer's usual value: 1.0 for the "
+        "AdamW-like optimizers (diffusers' and kohya's scripts), none for `sgd` (torchvision's recipes do not clip: "
+        "SGD's step is proportional to the gradient, so a cap below its norm is a lower learning rate; a from-scratch "
+        "Faster R-CNN's norm is 2-8, and clipping at 1 halved its mAP in 304 steps: bench/README.md).")
     noise_offset: float = key(
         0.0, "Noise offset: a random per-channel shift of each sample's noise (0.05-0.1 helps very dark or bright "
         "images), in every diffusion family (for SD3/FLUX the velocity target carries it); 0 disables it.")
@@ -287,6 +287,22 @@ class TrainConfig:
     max_nonfinite_steps: int = key(
         5, "Skip steps with a NaN/inf loss; after this many in a row the run fails (keeping its last checkpoint)."
     )
+
+    def decay(self) -> float:
+        """train.weight_decay, or the optimizer's usual value when unset. Why SGD has its own: its decay is an L2
+        term in the gradient, which momentum 0.9 multiplies by ~10, so AdamW's decoupled 1e-2 would be 100x the
+        SGD recipes' 1e-4 (torchvision's detection and classification references); it cost a from-scratch Faster
+        R-CNN most of its mAP against torchvision's train.py (bench/README.md, detection parity)."""
+        if self.weight_decay is not None:
+            return self.weight_decay
+        return 1e-4 if self.optimizer == "sgd" else 1e-2
+
+    def clip_norm(self) -> float:
+        """train.max_grad_norm, or the optimizer's usual value when unset (0: no clipping). Why none for SGD: see
+        the key's help; clipping at 1 acted as a lower learning rate for SGD and halved a detector's mAP."""
+        if self.max_grad_norm is not None:
+            return self.max_grad_norm
+        return 0.0 if self.optimizer == "sgd" else 1.0
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """DDP: every process holds the whole model; accelerate wraps the trainable modules in
-DistributedDataParallel, which all-reduces their gradients on the last micro-step of each optimizer step."""
+DistributedDataParallel, which all-reduces their gradients on the last micro-step of each optimizer step. One
+process trains its modules unwrapped."""
 
 from __future__ import annotations
 
@@ -20,7 +21,13 @@ class DDP:
         pass
 
     def wrap(self, family, accelerator, optimizer) -> None:
-        modules = family.trainable_modules()
+        modules = family.trainable_modules()  # built on the run's device by the family
+        if accelerator.num_processes == 1:
+            # A lone worker still has a process group (the step's reduction reads the same on 1 and N processes),
+            # so accelerate would wrap a 1-rank DDP: its gradient buckets and hooks cost ~16 ms a step on the demo
+            # and all-reduce with nobody (bench/README.md, vs_diffusers.py's findings).
+            family.set_prepared(list(modules))
+            return
         _frozen_weights_stay_local(modules)
         prepared = accelerator.prepare(*modules)
         family.set_prepared(list(prepared) if len(modules) > 1 else [prepared])

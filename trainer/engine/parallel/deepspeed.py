@@ -33,7 +33,7 @@ def deepspeed_config(config, plan) -> dict:
         "train_micro_batch_size_per_gpu": plan.per_device,
         "gradient_accumulation_steps": plan.accumulation,
         "train_batch_size": plan.total,
-        "gradient_clipping": config.train.max_grad_norm or NEVER_CLIPS,
+        "gradient_clipping": config.train.clip_norm() or NEVER_CLIPS,
         "zero_optimization": {"stage": plan.zero_stage},
         "zero_allow_untested_optimizer": True,  # torch's own AdamW / SGD, not DeepSpeed's fused ones
         "bf16": {"enabled": False},

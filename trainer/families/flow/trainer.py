@@ -11,6 +11,7 @@ then leave the GPU for good: T5-XXL alone is 9 GB in bf16. Samples are drawn fro
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Any, Protocol
@@ -226,6 +227,12 @@ class FlowTransformerTrainer:
         """Mean loss of a micro-batch through `transformer` (the wrapped one the loop accumulates on)."""
         return self.data.loss(samples, lambda rows, stream: self._rows_loss(rows, stream, transformer))
 
+    @functools.cached_property
+    def _input_dtype(self) -> torch.dtype:
+        """The denoiser's input dtype, read once (the first step, after any wrapping): diffusers' `ModelMixin.dtype`
+        walks every submodule, 1.5 ms of each micro-step on the demo's LoRA UNet (bench/README.md)."""
+        return self.transformer.dtype
+
     def _rows_loss(self, rows: list[Row], stream: int, transformer: torch.nn.Module) -> torch.Tensor:
         cfg, flow, device = self.cfg, self.cfg.flow, self.ctx.device
         vae = self.vae.config
@@ -249,7 +256,7 @@ class FlowTransformerTrainer:
         sigmas = tensor_on(sigma_list, device, torch.float32)
         noisy, target = fm.noisy_and_target(x0, noise, sigmas, on_device(torch.stack(inputs), device))
         text = self._text([self.data.row_caption(row) for row in rows])
-        pred = self.model.forward(transformer, noisy.to(self.transformer.dtype), sigmas, text)
+        pred = self.model.forward(transformer, noisy.to(self._input_dtype), sigmas, text)
         return fm.per_sample_loss(pred, target, sigmas, flow.weighting, objective=objective,
                                   mask=self.data.loss_masks(rows, (x0.shape[-2], x0.shape[-1])))
 
@@ -277,19 +284,26 @@ class FlowTransformerTrainer:
         self.transformer.eval()
         images = []
         try:
-            for prompt, seed in zip(prompts, seeds):
-                gen = torch.Generator(self.ctx.device).manual_seed(seed)
+            for prompt, run_seeds in trained_weights.prompt_runs(prompts, seeds, width, height):
+                gen = [torch.Generator(self.ctx.device).manual_seed(seed) for seed in run_seeds]
+                n = len(gen)
+                # n copies of the text rather than num_images_per_prompt: FLUX's and SD3's pipelines repeat only
+                # the embeddings they encode themselves, not ones passed in
                 if from_cache:
-                    text = model.embedded_prompt_kwargs(prompt, negative_prompt)
+                    text = {name: embeds.repeat_interleave(n, dim=0)
+                            for name, embeds in model.embedded_prompt_kwargs(prompt, negative_prompt).items()}
                 else:
-                    text = {"prompt": prompt, **model.sample_kwargs(negative_prompt)}
+                    kwargs = model.sample_kwargs(negative_prompt)
+                    if kwargs.get("negative_prompt"):
+                        kwargs["negative_prompt"] = [kwargs["negative_prompt"]] * n
+                    text = {"prompt": [prompt] * n, **kwargs}
                 # The plan's precision, not the transformer's dtype: a full fine-tune's fp32 transformer meets
                 # the bf16 text encoders' embeddings here
                 low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.ctx.plan.precision)
                 with torch.autocast(self.ctx.device.type, dtype=low or torch.float32, enabled=low is not None):
                     out = pipe(height=height, width=width, num_inference_steps=steps, generator=gen,
                                guidance_scale=guidance_scale, **text)
-                images.append(out.images[0])
+                images.extend(out.images)
         finally:
             self.transformer.train()
             if cache is not None and not from_cache:

@@ -23,6 +23,9 @@ VAE_SCALE_FACTOR = 4
 DEMO_RESOLUTION = 64
 
 MODEL_DIR = "tiny-sd"
+# The shipped base's checksum listing (written by tiny_base). Defined here, not imported from tiny_base, because
+# tiny_base imports torch and the launcher's demo:// check runs torch-free (the import cost ~2.5 CPU-s per launch).
+CHECKSUMS = "SHA256SUMS"
 # ----------------------------------------------------------------------------------------------------------------
 # Model
 
@@ -174,8 +177,6 @@ def shipped_tiny_sd(root=None) -> dict[str, Path]:
 
 def verify_checksums(folder: Path) -> None:
     import hashlib
-
-    from trainer.families.sd.tiny_base import CHECKSUMS
 
     rebuild = (f"Reinstall imagetune, or rebuild it with `python -m trainer.families.sd.tiny_base --out {folder}` "
                "(about 25 minutes on 2 CPU cores).")

@@ -7,6 +7,7 @@ held-out images (`validation`)."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +119,12 @@ class StableDiffusionFamily:
     def _plain_rows_loss(self, rows: list[Row], stream: int) -> torch.Tensor:
         return self._rows_loss(rows, stream, plain=True)
 
+    @functools.cached_property
+    def _input_dtype(self) -> torch.dtype:
+        """The denoiser's input dtype, read once (the first step, after any wrapping): diffusers' `ModelMixin.dtype`
+        walks every submodule, 1.5 ms of each micro-step on the demo's LoRA UNet (bench/README.md)."""
+        return self.unet.dtype
+
     def _predict(self, noisy: torch.Tensor, t: torch.Tensor, captions: list[str], modules) -> torch.Tensor:
         device = self.ctx.device
         unet = modules[0]
@@ -125,7 +132,7 @@ class StableDiffusionFamily:
         ids = on_device(torch.stack([self._token_ids(c) for c in captions]), device)
         with torch.set_grad_enabled(self.train_text_encoder and torch.is_grad_enabled()):
             hidden = text_encoder(ids, return_dict=False)[0]
-        return unet(noisy.to(self.unet.dtype), t, hidden, return_dict=False)[0]
+        return unet(noisy.to(self._input_dtype), t, hidden, return_dict=False)[0]
 
     # ---- samples and outputs ------------------------------------------------------------------------------
     def pipeline(self) -> Any:
@@ -152,13 +159,14 @@ class StableDiffusionFamily:
         self.unet.eval(), self.text_encoder.eval()
         images = []
         try:
-            for prompt, seed in zip(prompts, seeds):
-                gen = torch.Generator(self.ctx.device).manual_seed(seed)
+            for prompt, run_seeds in trained_weights.prompt_runs(prompts, seeds, width, height):
+                gens = [torch.Generator(self.ctx.device).manual_seed(seed) for seed in run_seeds]
                 dtype = pipe.unet.dtype  # the sampling copy's (FSDP: low precision, see FSDP.gathered)
                 with torch.autocast(self.ctx.device.type, dtype=dtype, enabled=dtype != torch.float32):
                     out = pipe(prompt, negative_prompt=negative_prompt or None, height=height, width=width,
-                               num_inference_steps=steps, guidance_scale=guidance_scale, generator=gen)
-                images.append(out.images[0])
+                               num_inference_steps=steps, guidance_scale=guidance_scale, generator=gens,
+                               num_images_per_prompt=len(gens))
+                images.extend(out.images)
         finally:
             self.unet.train(was_training[0]), self.text_encoder.train(was_training[1])
         return images
