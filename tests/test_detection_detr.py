@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 
 from tests.engine_helpers import launch, log_of
 from tests.test_detection import make_family, train_steps
@@ -136,6 +137,23 @@ def test_tiny_detr_learns_and_reloads_with_identical_predictions(arch, shapes, t
     found = detector.predict(family.scan.val[0].path, score_threshold=0.0)
     assert all(set(f) == {"box", "label", "name", "score"} for f in found) and len(found) == 50
     assert all(-1 <= f["box"][0] <= f["box"][2] <= 129 and 1 <= f["label"] <= 3 for f in found)
+
+    # the save_pretrained folder: transformers' own classes load it with the class names, and its processor and
+    # post-processing give the detector's predictions on the file
+    from transformers import AutoImageProcessor, AutoModelForObjectDetection
+
+    folder = tmp_path / "output" / "transformers"
+    assert str(folder) in outputs
+    model, processor = AutoModelForObjectDetection.from_pretrained(folder), AutoImageProcessor.from_pretrained(folder)
+    assert model.config.id2label == dict(enumerate(family.classes))
+    picture = Image.open(family.scan.val[0].path).convert("RGB")
+    with torch.no_grad():
+        raw = model.eval()(**processor(images=picture, return_tensors="pt"))
+    [theirs] = processor.post_process_object_detection(raw, threshold=0.0, target_sizes=[picture.size[::-1]])
+    mine = sorted(found, key=lambda f: -f["score"])
+    torch.testing.assert_close(theirs["scores"], torch.tensor([f["score"] for f in mine]), rtol=0, atol=1e-4)
+    torch.testing.assert_close(theirs["boxes"], torch.tensor([f["box"] for f in mine]), rtol=0, atol=1e-2)
+    assert [family.classes[label] for label in theirs["labels"].tolist()] == [f["name"] for f in mine]
 
 
 def test_bf16_training_and_trainer_weights_as_a_start(shapes, tmp_path):

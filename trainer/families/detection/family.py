@@ -27,7 +27,7 @@ from trainer.core.runfolder import RunFolder
 from trainer.errors import UserError
 from trainer.families.protocol import WorkerContext
 from trainer.families.detection.eval import compute_metrics, draw_pair, gather, pr_curve_image, predict
-from trainer.families.detection.architectures import ARCHITECTURES
+from trainer.families.detection.architectures import ARCHITECTURES, TRANSFORMERS
 from trainer.families.detection.detectors import build_detector, implementation
 
 FORMAT = "imagetune-detector"
@@ -234,6 +234,12 @@ class DetectionFamily:
         if best.is_file():
             shutil.copyfile(best, out_dir / "best.safetensors")
             outputs.append(str(out_dir / "best.safetensors"))
+        if self.arch.implementation == TRANSFORMERS:  # also as save_pretrained folders, for transformers' API
+            from trainer.families.detection.predict import export_transformers
+
+            for weights, folder in ((final, "transformers"), (out_dir / "best.safetensors", "transformers-best")):
+                if weights.is_file():
+                    outputs.append(str(export_transformers(weights, out_dir / folder)))
         (out_dir / "README.md").write_text(
             f"# {self.cfg.name}: {self.cfg.model.path} detector, {len(self.classes)} classes\n\n"
             f"classes: {', '.join(self.classes)}\n\n"
@@ -242,5 +248,9 @@ class DetectionFamily:
             "```python\nfrom trainer.detect import load_detector\n\n"
             "detector = load_detector(\"output/best.safetensors\")\n"
             "for box in detector.predict(\"photo.jpg\"):\n"
-            "    print(box[\"name\"], box[\"score\"], box[\"box\"])\n```\n")
+            "    print(box[\"name\"], box[\"score\"], box[\"box\"])\n```\n" + (
+                "\n`transformers/` (final) and `transformers-best/` hold the same detectors as `save_pretrained` "
+                "folders:\n\n```python\nfrom transformers import pipeline\n\n"
+                "detect = pipeline(\"object-detection\", model=\"output/transformers-best\")\n"
+                "print(detect(\"photo.jpg\", threshold=0.3))\n```\n" if self.arch.implementation == TRANSFORMERS else ""))
         return outputs

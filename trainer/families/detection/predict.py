@@ -120,3 +120,19 @@ def load_detector(path: str | Path, device: str | torch.device = "cpu") -> Detec
                               frozen_bn=meta.get("frozen_bn") == "1", class_names=classes, saved=meta)
     model.load_state_dict(load_file(str(path)))
     return Detector(model.to(device), classes, int(meta["resolution"]), float(meta.get("score_threshold", 0.3)), meta)
+
+
+def export_transformers(path: str | Path, folder: str | Path) -> Path:
+    """An RT-DETR v2 / D-FINE weights file written here as a `save_pretrained` folder (config.json with the class
+    names as id2label, model.safetensors, preprocessor_config.json resizing to the trained resolution), which
+    transformers' `AutoModelForObjectDetection`, `AutoImageProcessor` and object-detection pipeline load as they
+    load a hub checkpoint, and which `detection.weights` takes to fine-tune further."""
+    detector = load_detector(path)
+    detr = getattr(detector.model, "detr", None)
+    if detr is None:
+        raise UserError(f"{path}: holds a torchvision {detector.metadata['architecture']} detector, which has no "
+                        "transformers form; load it with load_detector")
+    folder = Path(folder)
+    detr.save_pretrained(folder)
+    detector.model.processor.save_pretrained(folder)
+    return folder
