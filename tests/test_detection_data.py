@@ -319,3 +319,45 @@ def test_many_issues_of_a_kind_end_in_a_sentence_with_the_count(tmp_path):
     assert ("crowd regions (iscrowd=1) are not trained on and are ignore regions in evaluation"
             " (and 21 more like these)") in lines
     assert "boxes reaching outside their image were clipped (1 in all)" in lines
+
+
+def _phone_photo(path: Path, orientation: int, stored=(60, 40)):
+    """A JPEG stored `stored` (width, height) with an EXIF orientation; a red square in its stored top-left."""
+    img = Image.new("RGB", stored, "white")
+    ImageDraw.Draw(img).rectangle((0, 0, 9, 9), fill="red")
+    exif = img.getexif()
+    exif[0x0112] = orientation
+    path.parent.mkdir(parents=True, exist_ok=True)
+    img.save(path, exif=exif, quality=95)
+
+
+def test_coco_boxes_drawn_on_the_displayed_photo_train_on_the_displayed_pixels(tmp_path):
+    """A phone photo stored 60x40 with orientation 6 shows as 40x60. A json giving 40x60 was annotated as displayed
+    (browser-based tools): the loader turns the image, so the box lands on the red square; a json giving the stored
+    60x40 keeps the stored pixels (COCO's own convention); where the size cannot tell (a half turn), the stored
+    pixels are used and a warning names the file."""
+    from trainer.families.detection.images import DetectionImages
+
+    for name, orientation in (("displayed.jpg", 6), ("stored.jpg", 6), ("halfturn.jpg", 3)):
+        _phone_photo(tmp_path / "images" / name, orientation)
+    # orientation 6 turns the stored top-left corner to the displayed top-right: x 30..40, y 0..10 of 40x60
+    data = {"images": [{"id": 1, "file_name": "displayed.jpg", "width": 40, "height": 60},
+                       {"id": 2, "file_name": "stored.jpg", "width": 60, "height": 40},
+                       {"id": 3, "file_name": "halfturn.jpg", "width": 60, "height": 40}],
+            "categories": [{"id": 1, "name": "square"}],
+            "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [30, 0, 10, 10]},
+                            {"id": 2, "image_id": 2, "category_id": 1, "bbox": [0, 0, 10, 10]},
+                            {"id": 3, "image_id": 3, "category_id": 1, "bbox": [0, 0, 10, 10]}]}
+    (tmp_path / "train.json").write_text(json.dumps(data))
+    scan = scan_detection(str(tmp_path / "train.json"), seed=0)
+    records = {Path(r.path).name: r for r in scan.train + scan.val}
+    assert [records[n].exif for n in ("displayed.jpg", "stored.jpg", "halfturn.jpg")] == [True, False, False]
+    unknown = [w for w in scan.warnings if "EXIF orientation" in w]
+    assert len(unknown) == 1 and "halfturn.jpg" in unknown[0]
+
+    images = DetectionImages([records["displayed.jpg"], records["stored.jpg"]], resolution=60)
+    for index in range(2):
+        pixels, boxes, *_ = images._load(index)
+        x1, y1, x2, y2 = (int(v) for v in boxes[0])
+        inside = pixels[:, y1 + 2:y2 - 2, x1 + 2:x2 - 2].float().mean(dim=(1, 2))
+        assert inside[0] > 200 and inside[1] < 60, (index, inside)  # red under the box, in both conventions

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Optional
 
 from trainer.core.data.integrity import decode_problems
+from trainer.families.detection.orientation import annotated_as_displayed, headers
 from trainer.errors import UserError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
@@ -47,6 +48,7 @@ _KIND_TEXT = {
     "crowd": "crowd regions (iscrowd=1) are not trained on and are ignore regions in evaluation",
     "no_label_file": "images without a label file train as empty (background) images",
     "orphan_label": "label files without an image were ignored",
+    "exif_unknown": "images with an EXIF orientation are read on their stored pixels (COCO's convention)",
 }
 
 
@@ -59,7 +61,9 @@ class DetRecord:
     height: int
     boxes: list[list[float]] = field(default_factory=list)
     labels: list[int] = field(default_factory=list)
-    exif: bool = False  # apply the EXIF orientation when loading (YOLO labels refer to the displayed image)
+    # apply the EXIF orientation when loading: YOLO labels refer to the displayed image, COCO boxes when the json's
+    # size is the displayed one (trainer.families.detection.orientation)
+    exif: bool = False
     # COCO crowd regions (iscrowd=1): never trained on; evaluation counts them as COCO does, as regions where
     # a detection is neither a true nor a false positive.
     crowd_boxes: list[list[float]] = field(default_factory=list)
@@ -240,6 +244,7 @@ def read_coco(json_path: Path, id_to_label: dict[int, int] | None, images_dir: s
                 continue
             width, height = size
         records[im["id"]] = DetRecord(str(path), width, height)
+    _apply_exif_where_annotated(records, images, name, report)
     # The json's sizes mean the files were never opened: a truncated or non-image file would kill the run at
     # its first use. Every image is decoded once, here (trainer.core.data.integrity).
     for (image_id, entry), problem in zip(list(records.items()), decode_problems(r.path for r in records.values())):
@@ -287,6 +292,28 @@ def read_coco(json_path: Path, id_to_label: dict[int, int] | None, images_dir: s
         problems.append(f"{name}: none of its {len(images)} images could be used (see the warnings; is "
                         f"detection.images right? the images were looked for in {root})")
     return classes, id_to_label, out
+
+
+def _apply_exif_where_annotated(records: dict[object, DetRecord], images: list[dict], name: str,
+                                report: _Report) -> None:
+    """Mark the images whose boxes were drawn on the displayed (EXIF-turned) image; warn where it cannot be told
+    (trainer.families.detection.orientation)."""
+    sizes = {im["id"]: (im.get("width"), im.get("height")) for im in images if isinstance(im, dict) and "id" in im}
+    for (image_id, record), found in zip(list(records.items()), headers(r.path for r in records.values())):
+        if found is None:
+            continue  # the decode check names it
+        orientation, stored = found
+        annotated = sizes.get(image_id)
+        given = annotated if annotated and all(isinstance(v, int) and v > 0 for v in annotated) else None
+        displayed = annotated_as_displayed(orientation, stored, given)
+        if displayed:
+            record.exif = True
+        elif displayed is None:
+            report.add("exif_unknown", f"{name}: image {image_id} '{Path(record.path).name}' has EXIF orientation "
+                                       f"{orientation}, and its size in the json cannot tell whether its boxes were "
+                                       "drawn on the stored or the displayed image: they are read on the stored "
+                                       "pixels, as COCO's tools do. If they were drawn as displayed, save the image "
+                                       "with the orientation applied (PIL's ImageOps.exif_transpose)")
 
 
 # ----------------------------------------------------------------------------------------------------------------
