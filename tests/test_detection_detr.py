@@ -165,7 +165,8 @@ def test_bf16_training_and_trainer_weights_as_a_start(shapes, tmp_path):
     family = make_family(shapes, "rtdetr_v2_tiny", tmp_path, precision="bf16")
     assert math.isfinite(train_steps(family, 1, Amp("bf16", "cpu"))[0])
     assert {p.dtype for p in family.model.parameters()} == {torch.float32}
-    [saved] = family.save_outputs(tmp_path / "output", step=1)
+    saved, folder = family.save_outputs(tmp_path / "output", step=1)  # the file, its save_pretrained folder
+    assert folder.endswith("transformers")
     model, info = build_detector("rtdetr_v2_tiny", 5, weights=saved, resolution=64)
     assert info["frozen_bn"] and "detr.class_embed.0.weight" in info["fresh"]
     body = "detr.model.encoder.aifi.0.layers.0.self_attn.k_proj.weight"

@@ -303,8 +303,8 @@ def _apply_exif_where_annotated(records: dict[object, DetRecord], images: list[d
         if found is None:
             continue  # the decode check names it
         orientation, stored = found
-        annotated = sizes.get(image_id)
-        given = annotated if annotated and all(isinstance(v, int) and v > 0 for v in annotated) else None
+        width, height = sizes.get(image_id, (None, None))
+        given = (width, height) if isinstance(width, int) and isinstance(height, int) and min(width, height) > 0 else None
         displayed = annotated_as_displayed(orientation, stored, given)
         if displayed:
             record.exif = True

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from PIL import Image, ImageOps
@@ -128,11 +129,12 @@ def export_transformers(path: str | Path, folder: str | Path) -> Path:
     transformers' `AutoModelForObjectDetection`, `AutoImageProcessor` and object-detection pipeline load as they
     load a hub checkpoint, and which `detection.weights` takes to fine-tune further."""
     detector = load_detector(path)
-    detr = getattr(detector.model, "detr", None)
+    detr: Any = getattr(detector.model, "detr", None)  # a transformers PreTrainedModel
     if detr is None:
         raise UserError(f"{path}: holds a torchvision {detector.metadata['architecture']} detector, which has no "
                         "transformers form; load it with load_detector")
     folder = Path(folder)
     detr.save_pretrained(folder)
-    detector.model.processor.save_pretrained(folder)
+    processor: Any = detector.model.processor
+    processor.save_pretrained(folder)
     return folder

@@ -228,7 +228,7 @@ class StableDiffusionXLFamily:
         was_training = [m.training for m in modules]
         for m in modules:
             m.eval()
-        images = []
+        images: list = []
         try:
             for prompt, run_seeds in trained_weights.prompt_runs(prompts, seeds, width, height):
                 gens = [torch.Generator(device).manual_seed(seed) for seed in run_seeds]
