@@ -304,7 +304,9 @@ def _apply_exif_where_annotated(records: dict[object, DetRecord], images: list[d
             continue  # the decode check names it
         orientation, stored = found
         width, height = sizes.get(image_id, (None, None))
-        given = (width, height) if isinstance(width, int) and isinstance(height, int) and min(width, height) > 0 else None
+        given = None
+        if isinstance(width, int) and isinstance(height, int) and min(width, height) > 0:
+            given = (width, height)
         displayed = annotated_as_displayed(orientation, stored, given)
         if displayed:
             record.exif = True
