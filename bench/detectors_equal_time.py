@@ -74,8 +74,8 @@ def train_for(family, items: int, seconds: float) -> dict:
         samples = [(pos, *stream.item(pos)) for pos in stream.positions(step, 0, 0)]
         loss = family.loss(samples)
         loss.backward()
-        if cfg.train.max_grad_norm:
-            torch.nn.utils.clip_grad_norm_(params, cfg.train.max_grad_norm)
+        if cfg.train.clip_norm():
+            torch.nn.utils.clip_grad_norm_(params, cfg.train.clip_norm())
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())

@@ -84,8 +84,8 @@ def plain_settings(config, plan) -> dict:
         "accumulation": plan.accumulation, "total": plan.total, "precision": plan.precision,
         "rank": config.lora.rank, "alpha": config.lora.alpha, "dropout": config.lora.dropout,
         "targets": list(config.lora.unet_targets), "lr": t.lr, "betas": list(t.betas), "eps": t.eps,
-        "weight_decay": t.weight_decay, "scheduler": t.scheduler, "warmup_steps": t.warmup_steps,
-        "max_grad_norm": t.max_grad_norm, "steps": t.steps, "seed": config.seed,
+        "weight_decay": t.decay(), "scheduler": t.scheduler, "warmup_steps": t.warmup_steps,
+        "max_grad_norm": t.clip_norm(), "steps": t.steps, "seed": config.seed,
         "gradient_checkpointing": t.gradient_checkpointing, "method": config.method,
     }
 
@@ -106,7 +106,7 @@ def rate(times: list[float], warmup: int, total: int) -> tuple[float, float]:
 def engine_role(args) -> dict:
     t_spawn = float(args.t_spawn)
     from trainer.core.events import read_events
-    from trainer.core.launcher import prepare_run, start_run
+    from trainer.core.launcher import prepare_run, single_process, start_run
 
     assets = json.loads(args.assets)
     config = engine_config(args, {k: Path(v) for k, v in assets.items()})
@@ -158,7 +158,9 @@ def engine_role(args) -> dict:
         polled_processes={f"{pid} {names.get(pid, '?')[:80]}": hwm[pid] for pid in hwm},
         total=plan.total, end_s=t_exit - times[-1],
         # torchrun's own CPU (agent monitor loop, --tee log tailing) while the timed steps ran.
-        torchrun_cpu_share=_share([c for c in torchrun_cpu if times[warmup_index(args)] <= c[0] <= times[-1]]),
+        # (a one-process run has no torchrun: its process is the worker itself, so there is nothing to report)
+        torchrun_cpu_share=None if single_process(plan) else _share(
+            [c for c in torchrun_cpu if times[warmup_index(args)] <= c[0] <= times[-1]]),
         torchrun_cpu_total_s=children.ru_utime + children.ru_stime - memory.get("cpu_total_s", 0.0),
     )
     if not args.keep_runs:
@@ -558,7 +560,7 @@ def main(argv=None) -> int:
               f"peak memory {fmt(o['peak_memory_pct'], 1)}%")
     print("(CPU time: all threads of the rank-0 training process between the end of the warm-up and the last step; "
           "other tenants of a shared machine disturb it far less than wall-clock time)")
-    torchrun_share = median([r["torchrun_cpu_share"] for r in runs["engine"]])
+    torchrun_share = median([r["torchrun_cpu_share"] for r in runs["engine"]])  # None for one process
     print(f"engine memory cross-check: the launcher's VmHWM poll of the worker saw {fmt(eng.get('polled_hwm_mb'), 0)} MB; "
           f"torchrun itself (agent + log tee) used {fmt(100 * torchrun_share if torchrun_share is not None else None, 1)}% "
           f"of a core during the timed steps")
