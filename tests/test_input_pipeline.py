@@ -20,12 +20,13 @@ from trainer.core.config.load import ConfigError
 from trainer.core.data.stream import BatchStream
 from trainer.core.hardware import Hardware
 from trainer.core.plan import make_plan
-from trainer.engine.input import InputPipeline
+from trainer.engine.input import InputPipeline, pack, unpack
 from trainer.core.telemetry import FIELDS, lagging_rank, summarize
 
 
 def _batches(pipeline: InputPipeline, start: int = 0) -> list:
-    return [(b.step, b.micro, [tuple(s) for s in b.samples], b.fetched) for b in pipeline.from_step(start)]
+    cpu = torch.device("cpu")
+    return [(b.step, b.micro, [tuple(s) for s in b.samples], b.fetched_on(cpu)) for b in pipeline.from_step(start)]
 
 
 def _assert_same(a, b) -> None:
@@ -42,6 +43,18 @@ def _assert_same(a, b) -> None:
             _assert_same(x, y)
     else:
         assert a == b
+
+
+def test_a_workers_micro_batch_crosses_as_one_buffer_and_comes_back_exact():
+    """What a worker fetched travels as one byte buffer (one shared-memory segment, one pin, one copy to the GPU)
+    and comes back as the same tensors: every dtype, empty and 0-d tensors, non-contiguous ones, and the
+    structure around them."""
+    fetched = [{"latents": torch.randn(4, 8, 8), "ids": torch.arange(77), "mask": torch.rand(3, 3) > 0.5,
+                "half": torch.randn(5).bfloat16(), "none": torch.empty(0, 4), "scalar": torch.tensor(2.5),
+                "strided": torch.randn(6, 4).t(), "caption": "a photo"}, (torch.tensor([1, 2], dtype=torch.uint8), 3)]
+    places, buffer = pack(fetched)
+    assert buffer.dtype == torch.uint8 and buffer.dim() == 1
+    _assert_same(unpack(places, buffer), fetched)
 
 
 class _Family:

@@ -32,12 +32,22 @@ class MicroBatch:
     step: int
     micro: int
     samples: list[Sample]
-    fetched: Any  # the family's fetch(samples), or None: the family loads in `loss(samples)`
+    fetched: Any  # the family's fetch(samples), or None: the family loads in `loss(samples)`; from a worker, its
+    # tensors stand in `packed` and `fetched` holds their places (see `pack`)
+    packed: torch.Tensor | None = None
 
     def pin_memory(self) -> "MicroBatch":
         """Called by the DataLoader's pinning thread (pin_memory=True on CUDA): page-locked tensors copy to the
-        GPU without blocking the step (`to_device`)."""
+        GPU without blocking the step (`fetched_on`)."""
+        if self.packed is not None:
+            return replace(self, packed=self.packed.pin_memory())
         return replace(self, fetched=_map_tensors(self.fetched, lambda t: t.pin_memory()))
+
+    def fetched_on(self, device: torch.device) -> Any:
+        """The fetched tensors on `device`: a worker's in one non-blocking copy of its buffer, then viewed."""
+        if self.packed is None:
+            return to_device(self.fetched, device)
+        return unpack(self.fetched, self.packed.to(device, non_blocking=True))
 
 
 class _Positions(torch.utils.data.Dataset):
@@ -60,6 +70,9 @@ class _Positions(torch.utils.data.Dataset):
     def __getitem__(self, k: int) -> MicroBatch:
         step, micro, samples = self.samples(k)
         fetched = self.family.fetch(samples) if isinstance(self.family, Fetches) else None
+        if torch.utils.data.get_worker_info() is not None:  # in a worker: one buffer crosses to the trainer
+            places, packed = pack(fetched)
+            return MicroBatch(step, micro, samples, places, packed)
         return MicroBatch(step, micro, samples, fetched)
 
 
@@ -106,10 +119,59 @@ def to_device(value: Any, device: torch.device) -> Any:
 
 
 def _map_tensors(value: Any, fn) -> Any:
-    if isinstance(value, torch.Tensor):
+    return _map_leaves(value, torch.Tensor, fn)
+
+
+def _map_leaves(value: Any, leaf: type, fn) -> Any:
+    """`value` with fn applied to each `leaf`, through lists, tuples and dicts."""
+    if isinstance(value, leaf):
         return fn(value)
     if isinstance(value, dict):
-        return {k: _map_tensors(v, fn) for k, v in value.items()}
+        return {k: _map_leaves(v, leaf, fn) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(_map_tensors(v, fn) for v in value)
+        return type(value)(_map_leaves(v, leaf, fn) for v in value)
     return value
+
+
+# A worker's micro-batch crosses to the training process as one flat byte buffer rather than tensor by tensor:
+# the DataLoader sends each tensor as its own shared-memory segment, which cost the receiving training process
+# ~0.2 ms of CPU per tensor (40 tensors: 9.0 ms per micro-batch; packed: 0.5 ms; measured with two workers on this
+# 2-core CPU), and on a GPU the buffer is pinned and copied in one transfer instead of one per tensor.
+_ALIGN = 64  # bytes: every tensor's offset, so that a byte slice can be viewed as any dtype
+
+
+@dataclass(frozen=True)
+class _Place:
+    offset: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+def pack(value: Any) -> tuple[Any, torch.Tensor]:
+    """`value` with each tensor replaced by its place in the returned uint8 buffer (byte copies: exact)."""
+    tensors: list[torch.Tensor] = []
+    offsets: list[int] = []
+    total = 0
+
+    def place(t: torch.Tensor) -> _Place:
+        nonlocal total
+        tensors.append(t)
+        offsets.append(total)
+        total += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
+        return _Place(offsets[-1], t.dtype, tuple(t.shape))
+
+    places = _map_tensors(value, place)
+    buffer = torch.empty(total, dtype=torch.uint8)
+    for t, offset in zip(tensors, offsets):
+        raw = t.detach().contiguous().reshape(-1).view(torch.uint8)
+        buffer[offset:offset + raw.numel()] = raw
+    return places, buffer
+
+
+def unpack(places: Any, buffer: torch.Tensor) -> Any:
+    """`pack`'s inverse: the tensors as views of `buffer` (on whatever device it is)."""
+    def view(p: _Place) -> torch.Tensor:
+        nbytes = torch.Size(p.shape).numel() * p.dtype.itemsize
+        return buffer[p.offset:p.offset + nbytes].view(p.dtype).view(p.shape)
+
+    return _map_leaves(places, _Place, view)

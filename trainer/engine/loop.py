@@ -14,7 +14,6 @@ import torch.distributed as dist
 
 from trainer.core.data.stream import position_seed
 from trainer.engine import faults
-from trainer.engine.input import to_device
 from trainer.engine.run import Run, RunFailed
 from trainer.families.components.transfer import tensor_on
 from trainer.families.protocol import Fetches
@@ -50,7 +49,7 @@ def fit(run: Run) -> str:
                     if fetches is None:
                         loss = run.family.loss(batch.samples)
                     else:
-                        loss = fetches.loss_of(batch.samples, to_device(batch.fetched, acc.device))
+                        loss = fetches.loss_of(batch.samples, batch.fetched_on(acc.device))
                 acc.backward(run.amp.scale(loss))  # divides by the accumulation; DDP syncs on the last micro-step
             losses.append(loss.detach().float())
         assert acc.sync_gradients, "accumulation out of step with the optimizer"
