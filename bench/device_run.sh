@@ -2,8 +2,8 @@
 # The GPU benchmarks in one go, for a CUDA machine that has torch, transformers, peft, accelerate and safetensors
 # but not diffusers, and no network: diffusers (and importlib_metadata) come as wheels in .whl/ (git-ignored; see
 # bench/README.md for the pip download command). Run from the repository root; writes to $OUT (default
-# /tmp/bench-out): log.txt (everything printed), gpu_sd15.json, gpu_large.json. About 7 minutes on an H200 at most
-# (the scripts' --time-budget bound what they start: 120 s and 300 s, plus model set-up).
+# /tmp/bench-out): log.txt (everything printed), gpu_sd15.json, gpu_sd15_levers.json, gpu_large.json. About 10
+# minutes on an H200 at most (the scripts' --time-budget bound what they start: 120, 150 and 300 s, plus set-up).
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/bench-out}
@@ -35,6 +35,9 @@ PY
 status=0
 echo "== bench/gpu_sd15.py" | tee -a "$LOG"
 python3 bench/gpu_sd15.py --out "$OUT/gpu_sd15.json" --steps 10 --time-budget 120 2>&1 | tee -a "$LOG" || status=$?
+echo "== bench/gpu_sd15.py --levers (SD 1.5 LoRA batch 8 with each speed lever)" | tee -a "$LOG"
+python3 bench/gpu_sd15.py --out "$OUT/gpu_sd15_levers.json" --methods lora --batches 8 --steps 10 --time-budget 150 \
+  --levers eager,channels_last,compile,compile+channels_last 2>&1 | tee -a "$LOG" || status=$?
 echo "== bench/gpu_large.py" | tee -a "$LOG"
 python3 bench/gpu_large.py --out "$OUT/gpu_large.json" --time-budget 300 2>&1 | tee -a "$LOG" || status=$?
 echo "== done (status $status) $(date -u)" | tee -a "$LOG"

@@ -3,6 +3,7 @@
 
     python bench/gpu_sd15.py [--out bench/gpu_sd15.json] [--batches 1,4,8] [--steps 20] [--peak-tflops T]
     python bench/gpu_sd15.py --dry-run-cpu        # the same code path, tiny UNet, 2 steps, on the CPU
+    python bench/gpu_sd15.py --methods lora --batches 8 --levers eager,channels_last,compile,compile+channels_last
 
 Nothing is downloaded: the UNet is diffusers' UNet2DConditionModel built from the published SD 1.5 config
 (written out below) with random weights, trained at 512 px (64x64 latents) on random latents, random timesteps
@@ -107,6 +108,28 @@ def build_unet(config: dict, device):
     return unet
 
 
+# The engine's speed levers this bench can turn, in the order they run: compiling is not undone, so the compiled
+# variants come last. `channels_last` is train.channels_last (NHWC weights, which cuDNN's tensor-core convolutions
+# prefer); `compile` is train.compile (regional: the UNet's repeated blocks, as trainer.engine.compile does it).
+LEVERS = ("eager", "channels_last", "compile", "compile+channels_last")
+
+
+def set_levers(unet, levers: str, compiled: bool) -> bool:
+    """Put `unet` in the state `levers` names; returns whether its blocks are compiled now."""
+    import torch
+
+    from trainer.engine.compile import block_names
+
+    unet.to(memory_format=torch.channels_last if "channels_last" in levers else torch.contiguous_format)
+    if "compile" in levers and not compiled:
+        names = block_names(unet)
+        for module in unet.modules():
+            if type(module).__name__ in names:
+                module.compile(dynamic=False)
+        return True
+    return compiled
+
+
 def inputs(batch: int, config: dict, text_dim: int, device):
     import torch
 
@@ -178,10 +201,12 @@ def measure(unet, params, *, batch: int, checkpointing: bool, config: dict, text
             torch.cuda.reset_peak_memory_stats()
         batch_inputs = inputs(batch, config, text_dim, device)
         optimizer = torch.optim.AdamW(params, lr=1e-6, weight_decay=1e-2)  # the engine's optimizer (default impl)
-        for _ in range(warmup):
+        began = time.perf_counter()
+        for _ in range(warmup):  # a compiled configuration compiles here
             train_step(unet, params, optimizer, batch_inputs, device.type)
         if cuda:
             torch.cuda.synchronize()
+        warmup_s = time.perf_counter() - began
         start = time.perf_counter()
         for _ in range(steps):
             train_step(unet, params, optimizer, batch_inputs, device.type)
@@ -190,7 +215,7 @@ def measure(unet, params, *, batch: int, checkpointing: bool, config: dict, text
         seconds = time.perf_counter() - start
         peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else None
         result = {"status": "ok", "step_ms": 1000 * seconds / steps, "samples_per_s": batch * steps / seconds,
-                  "peak_mb": peak}
+                  "peak_mb": peak, "warmup_s": warmup_s}
     except torch.OutOfMemoryError:
         result = {"status": "OOM"}  # cleaned up below, once the exception (and the frames it holds) is gone
     for p in params:
@@ -208,6 +233,9 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=None, help="warm-up steps per configuration (default 3; dry run 1)")
     p.add_argument("--methods", default="full,lora", help="comma-separated: full, lora")
     p.add_argument("--lora-rank", type=int, default=16)
+    p.add_argument("--levers", default="eager",
+                   help=f"comma-separated speed levers to measure each configuration with: {', '.join(LEVERS)} "
+                        "(e.g. eager,channels_last,compile: issue 15's lever on/off table)")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="the GPU's peak dense bf16 TFLOP/s, when its name is not in the built-in table")
     p.add_argument("--time-budget", type=float, default=330.0,
@@ -237,6 +265,9 @@ def main(argv=None) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if set(methods) - {"full", "lora"}:
         p.error("--methods takes full and/or lora")
+    levers = [lever for lever in LEVERS if lever in {x.strip() for x in args.levers.split(",")}]
+    if not levers or {x.strip() for x in args.levers.split(",")} - set(LEVERS):
+        p.error(f"--levers takes some of {', '.join(LEVERS)}")
 
     gpu = "CPU (dry run)" if dry else torch.cuda.get_device_name()
     peak = args.peak_tflops or (None if dry else peak_tflops_for(gpu))
@@ -273,10 +304,12 @@ def main(argv=None) -> int:
         train_flops[method] = count_flops(unet, params, config, text_dim, device, backward=True)
         print(f"{method}: {n_train / 1e6:.2f} M trainable parameters; forward + backward at batch 1: "
               f"{train_flops[method] / 1e9:.1f} GFLOPs ({train_flops[method] / forward_flops:.2f}x forward)", flush=True)
-        for checkpointing in (False, True):
+        compiled = False
+        for lever, checkpointing in [(lever, c) for lever in levers for c in (False, True)]:
+            compiled = set_levers(unet, lever, compiled)
             oom_at = None
             for batch in batches:
-                row = {"method": method, "gradient_checkpointing": checkpointing, "batch": batch}
+                row = {"method": method, "levers": lever, "gradient_checkpointing": checkpointing, "batch": batch}
                 if oom_at is not None and batch > oom_at:
                     row.update(status="skipped", reason=f"OOM at batch {oom_at}")
                 elif time.perf_counter() - t_begin > args.time_budget:
@@ -291,22 +324,24 @@ def main(argv=None) -> int:
                     row["mfu_3x"] = 3 * forward_flops * useful / peak
                     row["mfu_counted"] = train_flops[method] * useful / peak
                 results.append(row)
-                print(f"  {method:4s} gc={'on ' if checkpointing else 'off'} batch {batch}: {row['status']}"
+                print(f"  {method:4s} {lever} gc={'on ' if checkpointing else 'off'} batch {batch}: {row['status']}"
                       + (f"  {row['samples_per_s']:.2f} samples/s  {row['step_ms']:.1f} ms/step  peak "
                          f"{fmt(row['peak_mb'], 0)} MB" if row["status"] == "ok" else f" {row.get('reason', '')}"),
                       flush=True)
 
-    headers = ["method", "grad ckpt", "batch", "samples/s", "step ms", "peak memory MB", "MFU 3x", "MFU counted"]
+    headers = ["method", "levers", "grad ckpt", "batch", "samples/s", "step ms", "peak memory MB", "MFU 3x",
+               "MFU counted", "warm-up s"]
     rows = []
     for r in results:
+        head = [r["method"], r["levers"], "on" if r["gradient_checkpointing"] else "off", r["batch"]]
         if r["status"] == "ok":
-            rows.append([r["method"], "on" if r["gradient_checkpointing"] else "off", r["batch"],
-                         fmt(r["samples_per_s"], 2), fmt(r["step_ms"], 1), fmt(r["peak_mb"], 0),
-                         f"{100 * r['mfu_3x']:.1f}%" if "mfu_3x" in r else "-",
-                         f"{100 * r['mfu_counted']:.1f}%" if "mfu_counted" in r else "-"])
+            rows.append(head + [fmt(r["samples_per_s"], 2), fmt(r["step_ms"], 1), fmt(r["peak_mb"], 0),
+                                f"{100 * r['mfu_3x']:.1f}%" if "mfu_3x" in r else "-",
+                                f"{100 * r['mfu_counted']:.1f}%" if "mfu_counted" in r else "-",
+                                fmt(r["warmup_s"], 1)])
         else:
-            rows.append([r["method"], "on" if r["gradient_checkpointing"] else "off", r["batch"],
-                         r["status"] + (f" ({r['reason']})" if r.get("reason") else ""), "-", "-", "-", "-"])
+            rows.append(head + [r["status"] + (f" ({r['reason']})" if r.get("reason") else ""), "-", "-", "-", "-",
+                                "-"])
     table = markdown_table(headers, rows)
     elapsed = time.perf_counter() - t_begin
     model = "tiny UNet (dry run), 128 px" if dry else "SD 1.5 UNet, 512 px"
@@ -327,7 +362,8 @@ def main(argv=None) -> int:
         "device": gpu, "peak_bf16_tflops": peak, "dry_run_cpu": dry, "torch": torch.__version__,
         "unet_config": config, "parameters": n_params, "forward_gflops_batch1": forward_flops / 1e9,
         "train_gflops_batch1": {m: f / 1e9 for m, f in train_flops.items()}, "lora_rank": args.lora_rank,
-        "lora_targets": LORA_TARGETS, "steps": steps, "warmup": warmup, "results": results, "table": table,
+        "lora_targets": LORA_TARGETS, "levers": levers, "steps": steps, "warmup": warmup, "results": results,
+        "table": table,
         "summary": summary, "notes": notes, "elapsed_s": elapsed,
         "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version() if not dry else None,
     }
