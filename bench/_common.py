@@ -212,3 +212,21 @@ def _worker_main() -> int:
 
 if __name__ == "__main__":
     sys.exit(_worker_main())
+
+
+def compile_repeated_blocks(network, *, shapes: int = 16) -> int:
+    """`train.compile`'s regional compilation (trainer/engine/compile.py), for the GPU benches' own loops: each of
+    the network's repeated blocks compiled in place with static shapes, dynamo's recompile limit raised for
+    `shapes` input shapes; returns how many blocks."""
+    from trainer.engine.compile import block_names, raise_recompile_limit
+
+    names = block_names(network)
+    blocks: dict = {}
+    for module in network.modules():
+        if type(module).__name__ in names:
+            blocks.setdefault(type(module).__name__, []).append(module)
+    for modules in blocks.values():
+        for module in modules:
+            module.compile(dynamic=False)
+    raise_recompile_limit(blocks, shapes=shapes)
+    return sum(len(modules) for modules in blocks.values())

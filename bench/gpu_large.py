@@ -51,7 +51,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from bench._common import fmt, markdown_table, max_rss_mb  # noqa: E402
+from bench._common import compile_repeated_blocks, fmt, markdown_table, max_rss_mb  # noqa: E402
 from bench.gpu_sd15 import peak_tflops_for  # noqa: E402
 
 # ---- published configs, written out -----------------------------------------------------------------------------
@@ -577,10 +577,12 @@ def measure(w: Workload, *, batch: int, cached: bool, checkpointing: bool, steps
             torch.cuda.reset_peak_memory_stats()
         x = w.cached_inputs(batch) if cached else w.raw_inputs(batch)
         optimizer = torch.optim.AdamW(w.params, lr=1e-6, weight_decay=1e-2)  # the engine's optimizer (default impl)
-        for _ in range(warmup):
+        began = time.perf_counter()
+        for _ in range(warmup):  # with --compile, the blocks compile for this configuration's shapes here
             train_step(w, optimizer, x, cached=cached)
         if cuda:
             torch.cuda.synchronize()
+        warmup_s = time.perf_counter() - began
         start = time.perf_counter()
         for _ in range(steps):
             train_step(w, optimizer, x, cached=cached)
@@ -589,7 +591,7 @@ def measure(w: Workload, *, batch: int, cached: bool, checkpointing: bool, steps
         seconds = time.perf_counter() - start
         peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else None
         result = {"status": "ok", "step_ms": 1000 * seconds / steps, "samples_per_s": batch * steps / seconds,
-                  "peak_mb": peak}
+                  "peak_mb": peak, "warmup_s": warmup_s}
     except torch.OutOfMemoryError:
         result = {"status": "OOM"}  # cleaned up below, once the exception (and the frames it holds) is gone
     for p in w.params:
@@ -681,6 +683,10 @@ def run_model(name: str, spec: dict, *, device, lora_rank: int, batches: list[in
              if info["train_flops"] else "")
           + f"; counted in {time.perf_counter() - t0:.1f} s", flush=True)
 
+    if spec.get("compile"):  # after the FLOP counts, which run eagerly
+        info["compiled_blocks"] = compile_repeated_blocks(w.net)
+        print(f"  train.compile: {info['compiled_blocks']} repeated blocks compiled in place (regional, static "
+              "shapes); each configuration's warm-up compiles them for its shapes", flush=True)
     oom_at: dict = {}
     for cached, checkpointing, batch in plan(spec, batches):
         row = {"model": name, "cached": cached, "gradient_checkpointing": checkpointing, "batch": batch}
@@ -734,6 +740,9 @@ def main(argv=None) -> int:
                         "fp8-compute: fp8 with model.fp8_compute on, the Linear layers multiplied by "
                         "torch._scaled_mm, needs compute capability 8.9+; nf4: torchao's NF4Tensor); one storage "
                         "per invocation, give each its own --out")
+    p.add_argument("--compile", action="store_true",
+                   help="train.compile: the network's repeated blocks compiled in place (regional, static shapes) "
+                        "before the measurements; each configuration's warm-up compiles its shapes")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="the GPU's peak dense bf16 TFLOP/s, when its name is not in gpu_sd15.py's table")
     p.add_argument("--time-budget", type=float, default=330.0,
@@ -777,6 +786,7 @@ def main(argv=None) -> int:
     for k, name in enumerate(models):
         spec = model_spec(name, dry)
         spec["base_weights"] = args.base_weights
+        spec["compile"] = args.compile
         batches = [int(b) for b in (batch_args[name] or ("1,2" if dry else ",".join(map(str, spec["batches"])))).split(",")]
         steps = args.steps or (1 if dry else spec["steps"])
         warmup = args.warmup if args.warmup is not None else (1 if dry else spec["warmup"])
@@ -789,7 +799,7 @@ def main(argv=None) -> int:
                               "text_encoder_configs": spec["text"], "text_tokens": spec["tokens"],
                               "lora_targets": spec["targets"], "image_px": spec["image_px"],
                               "latent_px": spec["latent_px"], "batches": batches, "steps": steps, "warmup": warmup,
-                              "base_weights": args.base_weights}
+                              "base_weights": args.base_weights, "compile": args.compile}
         print(f"\n== {name}: {spec['label']}, {spec['image_px']} px, base weights {args.base_weights}; batches "
               f"{batches}; {warmup} warm-up + {steps} "
               f"timed steps per configuration; starts at {now - t_begin:.0f} s, share until "

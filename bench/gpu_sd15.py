@@ -42,7 +42,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from bench._common import fmt, markdown_table, max_rss_mb  # noqa: E402
+from bench._common import compile_repeated_blocks, fmt, markdown_table, max_rss_mb  # noqa: E402
 
 # The published SD 1.5 UNet config (stable-diffusion-v1-5/stable-diffusion-v1-5, unet/config.json), written out;
 # keys not listed take diffusers' defaults, which are SD 1.5's.
@@ -118,14 +118,9 @@ def set_levers(unet, levers: str, compiled: bool) -> bool:
     """Put `unet` in the state `levers` names; returns whether its blocks are compiled now."""
     import torch
 
-    from trainer.engine.compile import block_names
-
     unet.to(memory_format=torch.channels_last if "channels_last" in levers else torch.contiguous_format)
     if "compile" in levers and not compiled:
-        names = block_names(unet)
-        for module in unet.modules():
-            if type(module).__name__ in names:
-                module.compile(dynamic=False)
+        compile_repeated_blocks(unet)
         return True
     return compiled
 

@@ -70,7 +70,7 @@ def compile_network(family: Any, plan: Any, log_warning: Callable[[str], None], 
             module.compile(dynamic=False)
     # Input shapes per bucket: training's, and without gradients the validation loss's full and last micro-batch
     # (trainer.families.components.validation); then the samples', and one spare
-    _raise_recompile_limit(blocks, shapes=3 * (len(plan.buckets) or 1) + 2)
+    raise_recompile_limit(blocks, shapes=3 * (len(plan.buckets) or 1) + 2)
     compiler = RegionalCompile(networks, blocks, log_warning)
     if main:
         print(f"train.compile: {compiler.what} compiled in place (regional, static shapes); each new input shape "
@@ -78,7 +78,7 @@ def compile_network(family: Any, plan: Any, log_warning: Callable[[str], None], 
     return compiler
 
 
-def _raise_recompile_limit(blocks: dict[str, list[nn.Module]], *, shapes: int) -> None:
+def raise_recompile_limit(blocks: dict[str, list[nn.Module]], *, shapes: int) -> None:
     """Every block class's forward is one function to torch._dynamo, whose cache holds a graph per (block
     configuration, input shape, with or without gradients, inputs that need gradients or not). At worst each block
     is its own configuration: blocks x `shapes` x 2 (a first block's input that needs no gradient) graphs. Past the
