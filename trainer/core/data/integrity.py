@@ -14,9 +14,11 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional, TypeVar
 
 from PIL import Image
+
+T = TypeVar("T")
 
 
 def decode_problem(path: str | os.PathLike) -> Optional[str]:
@@ -35,9 +37,14 @@ def decode_problem(path: str | os.PathLike) -> Optional[str]:
 
 def decode_problems(paths: Iterable[str | os.PathLike], workers: int | None = None) -> list[Optional[str]]:
     """`decode_problem` of each path, in order."""
+    return map_files(decode_problem, paths, workers)
+
+
+def map_files(fn: Callable[[Path], T], paths: Iterable[str | os.PathLike], workers: int | None = None) -> list[T]:
+    """fn(path) for each path, in order, in threads: the files' reads and PIL's decoding release the GIL."""
     paths = [Path(p) for p in paths]
     workers = workers or min(8, os.cpu_count() or 1)
     if workers <= 1 or len(paths) < 2:
-        return [decode_problem(p) for p in paths]
+        return [fn(p) for p in paths]
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(decode_problem, paths))
+        return list(pool.map(fn, paths))

@@ -12,11 +12,11 @@ without sizes), the stored pixels are used, as COCO's tools do, and a warning na
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Iterable, Optional
 
 from PIL import Image
+
+from trainer.core.data.integrity import map_files
 
 ORIENTATION_TAG = 0x0112
 TURNS_90 = (5, 6, 7, 8)  # orientations that swap the displayed width and height
@@ -33,14 +33,9 @@ def header(path: str | os.PathLike) -> tuple[int, tuple[int, int]] | None:
         return None
 
 
-def headers(paths: Iterable[str | os.PathLike], workers: int | None = None) -> list[tuple[int, tuple[int, int]] | None]:
+def headers(paths: Iterable[str | os.PathLike]) -> list[tuple[int, tuple[int, int]] | None]:
     """`header` of each path, in order (in threads: the opens wait on the disk)."""
-    paths = [Path(p) for p in paths]
-    workers = workers or min(8, os.cpu_count() or 1)
-    if workers <= 1 or len(paths) < 2:
-        return [header(p) for p in paths]
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(header, paths))
+    return map_files(header, paths)
 
 
 def annotated_as_displayed(orientation: int, stored: tuple[int, int],
