@@ -24,13 +24,17 @@ def tiny_models(tiny_sd_path, tiny_sdxl_path, tiny_flux_path, tiny_sd3_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["sd", "sdxl", "flux", "sd3"])
+@pytest.mark.parametrize("name", ["sd", "sdxl", "flux", "sd3", "flux:uncached", "sd3:uncached"])
 def test_one_call_per_prompt_draws_each_seeds_image(tmp_path, tiny_models, mixed_data, name):
-    # the prompts are sample prompts, so FLUX and SD3 draw them from their text cache's embeddings
+    # the prompts are sample prompts, so FLUX and SD3 draw them from their text cache's embeddings; `uncached`:
+    # without the cache their pipelines encode the prompt themselves
+    name, _, uncached = name.partition(":")
     family, _ = make_family(tmp_path, name, tiny_models[name], mixed_data,
-                            "sample.prompts=[a red circle, a blue circle]", "sample.negative_prompt=blurry")
+                            "sample.prompts=[a red circle, a blue circle]", "sample.negative_prompt=blurry",
+                            *(["data.cache_text_embeddings=false"] if uncached else []))
     if hasattr(family, "flow"):
-        assert {"a red circle", "a blue circle"} <= set(family.flow.text_cache.index)
+        cache = family.flow.text_cache
+        assert cache is None if uncached else {"a red circle", "a blue circle"} <= set(cache.index)
     denoiser = family.flow.transformer if hasattr(family, "flow") else family.unet
     calls = []
     denoiser.register_forward_pre_hook(lambda *_: calls.append(1))

@@ -9,6 +9,7 @@ import torch
 from trainer.core.config.schema import TrainConfig
 from trainer.errors import UserError
 
+
 def build_optimizer(groups: list[dict], train: TrainConfig) -> torch.optim.Optimizer:
     decay = train.decay()  # the key, or the optimizer's usual value
     if train.optimizer == "adamw":

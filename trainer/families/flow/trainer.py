@@ -287,16 +287,11 @@ class FlowTransformerTrainer:
             for prompt, run_seeds in trained_weights.prompt_runs(prompts, seeds, width, height):
                 gen = [torch.Generator(self.ctx.device).manual_seed(seed) for seed in run_seeds]
                 n = len(gen)
-                # n copies of the text rather than num_images_per_prompt: FLUX's and SD3's pipelines repeat only
-                # the embeddings they encode themselves, not ones passed in
-                if from_cache:
+                if from_cache:  # n copies: FLUX's and SD3's pipelines repeat only the embeddings they encode
                     text = {name: embeds.repeat_interleave(n, dim=0)
                             for name, embeds in model.embedded_prompt_kwargs(prompt, negative_prompt).items()}
                 else:
-                    kwargs = model.sample_kwargs(negative_prompt)
-                    if kwargs.get("negative_prompt"):
-                        kwargs["negative_prompt"] = [kwargs["negative_prompt"]] * n
-                    text = {"prompt": [prompt] * n, **kwargs}
+                    text = {"prompt": prompt, "num_images_per_prompt": n, **model.sample_kwargs(negative_prompt)}
                 # The plan's precision, not the transformer's dtype: a full fine-tune's fp32 transformer meets
                 # the bf16 text encoders' embeddings here
                 low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.ctx.plan.precision)
