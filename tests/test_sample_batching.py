@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tests.test_bucketing_families import make_family, mixed_data  # noqa: F401 (fixture)
-from trainer.families.components.trained_weights import prompt_runs
+from trainer.families.components.trained_weights import PIXELS_PER_SAMPLE_CALL_DECODED_TOGETHER, prompt_runs
 
 PROMPTS, SEEDS = ["a red circle"] * 3 + ["a blue circle"], [5, 6, 7, 8]
 
@@ -16,6 +16,7 @@ def test_runs_group_one_prompts_images_up_to_the_pixel_cap():
     assert prompt_runs(["a", "b", "a"], [1, 2, 3], 64, 64) == [("a", [1]), ("b", [2]), ("a", [3])]  # order kept
     assert prompt_runs(["a"] * 5, list(range(5)), 512, 512) == [("a", [0, 1, 2, 3]), ("a", [4])]
     assert prompt_runs(["a"] * 2, [0, 1], 1024, 1024) == [("a", [0]), ("a", [1])]  # SDXL: one at a time, as before
+    assert prompt_runs(["a"] * 2, [0, 1], 512, 512, PIXELS_PER_SAMPLE_CALL_DECODED_TOGETHER) == [("a", [0]), ("a", [1])]
 
 
 @pytest.fixture(scope="module")

@@ -42,9 +42,9 @@ def decode_problems(paths: Iterable[str | os.PathLike], workers: int | None = No
 
 def map_files(fn: Callable[[Path], T], paths: Iterable[str | os.PathLike], workers: int | None = None) -> list[T]:
     """fn(path) for each path, in order, in threads: the files' reads and PIL's decoding release the GIL."""
-    paths = [Path(p) for p in paths]
+    files = [Path(p) for p in paths]
     workers = workers or min(8, os.cpu_count() or 1)
-    if workers <= 1 or len(paths) < 2:
-        return [fn(p) for p in paths]
+    if workers <= 1 or len(files) < 2:
+        return [fn(f) for f in files]
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(fn, paths))
+        return list(pool.map(fn, files))

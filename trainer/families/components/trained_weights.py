@@ -51,15 +51,19 @@ def pixel_size(size: int | tuple[int, int] | None, resolution: int) -> tuple[int
 # One pipeline call draws the images of one prompt: its text is encoded once and the denoiser runs one batch (the
 # demo's sample steps took 40% less CPU than one call per image: bench/README.md, vs_diffusers.py). Each image keeps
 # its own seeded generator, so its starting noise is its seed's and its pixels equal a one-image call's to float
-# rounding. Capped in pixels: 4 images at 512 px, 1 at 1024 px, where a batch's activations and decode would
-# compete with training for a 24 GB GPU.
+# rounding. Capped in pixels, so that a sample step never needs much more memory than it did one image at a time:
+# the UNet families decode each image alone (a VAE decode at 512 px is the largest activation of sampling) and
+# batch up to 4 images of 512 px; FLUX's and SD3's pipelines decode the whole batch, so they batch only up to
+# 256 px (the demos) and draw larger images one by one, as before.
 PIXELS_PER_SAMPLE_CALL = 4 * 512 * 512
+PIXELS_PER_SAMPLE_CALL_DECODED_TOGETHER = 4 * 256 * 256
 
 
-def prompt_runs(prompts: list[str], seeds: list[int], width: int, height: int) -> list[tuple[str, list[int]]]:
-    """Consecutive images of the same prompt, grouped into (prompt, seeds) calls of at most
-    PIXELS_PER_SAMPLE_CALL pixels (at least one image each)."""
-    limit = max(1, PIXELS_PER_SAMPLE_CALL // (width * height))
+def prompt_runs(prompts: list[str], seeds: list[int], width: int, height: int,
+                pixels: int = PIXELS_PER_SAMPLE_CALL) -> list[tuple[str, list[int]]]:
+    """Consecutive images of the same prompt, grouped into (prompt, seeds) calls of at most `pixels` pixels (at
+    least one image each)."""
+    limit = max(1, pixels // (width * height))
     runs: list[tuple[str, list[int]]] = []
     for prompt, seed in zip(prompts, seeds):
         if runs and runs[-1][0] == prompt and len(runs[-1][1]) < limit:

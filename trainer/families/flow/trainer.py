@@ -284,7 +284,8 @@ class FlowTransformerTrainer:
         self.transformer.eval()
         images = []
         try:
-            for prompt, run_seeds in trained_weights.prompt_runs(prompts, seeds, width, height):
+            for prompt, run_seeds in trained_weights.prompt_runs(
+                    prompts, seeds, width, height, trained_weights.PIXELS_PER_SAMPLE_CALL_DECODED_TOGETHER):
                 gen = [torch.Generator(self.ctx.device).manual_seed(seed) for seed in run_seeds]
                 n = len(gen)
                 if from_cache:  # n copies: FLUX's and SD3's pipelines repeat only the embeddings they encode

@@ -163,10 +163,12 @@ class StableDiffusionFamily:
                 gens = [torch.Generator(self.ctx.device).manual_seed(seed) for seed in run_seeds]
                 dtype = pipe.unet.dtype  # the sampling copy's (FSDP: low precision, see FSDP.gathered)
                 with torch.autocast(self.ctx.device.type, dtype=dtype, enabled=dtype != torch.float32):
-                    out = pipe(prompt, negative_prompt=negative_prompt or None, height=height, width=width,
-                               num_inference_steps=steps, guidance_scale=guidance_scale, generator=gens,
-                               num_images_per_prompt=len(gens))
-                images.extend(out.images)
+                    latents = pipe(prompt, negative_prompt=negative_prompt or None, height=height, width=width,
+                                   num_inference_steps=steps, guidance_scale=guidance_scale, generator=gens,
+                                   num_images_per_prompt=len(gens), output_type="latent").images
+                    for one in latents.split(1):  # decoded one at a time: the VAE's memory stays one image's
+                        decoded = pipe.vae.decode(one / pipe.vae.config.scaling_factor, return_dict=False)[0]
+                        images.extend(pipe.image_processor.postprocess(decoded, output_type="pil"))
         finally:
             self.unet.train(was_training[0]), self.text_encoder.train(was_training[1])
         return images
