@@ -83,6 +83,9 @@ def test_workers_make_the_same_diffusion_micro_batches_from_any_step(tmp_path, d
 
     inline, workers = _batches(pipeline(0)), _batches(pipeline(2))
     assert [(s, m) for s, m, _, _ in inline] == [(s, m) for s in range(4) for m in range(2)]
+    # a worker's micro-batch crossed as one buffer (what the loop unpacks), the training thread's as it was made
+    assert all(b.packed is not None for b in pipeline(2).from_step(3))
+    assert all(b.packed is None for b in pipeline(0).from_step(3))
     _assert_same(inline, workers)
     _assert_same(inline[4:], _batches(pipeline(2), start=2))  # a resumed run continues with the same batches
     kinds = {tuple(f.keys()) for *_, fetched in inline for f in fetched}
