@@ -5,10 +5,10 @@ Checks that depend on the machine (GPU count, bf16 support, xformers, bitsandbyt
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
+from trainer.core.config.extras import missing_extra_problems
 from trainer.core.config.lora_checks import lora_problems
 from trainer.core.compiling import compile_problems
 from trainer.core.config.schema import Config, ModelConfig
@@ -114,6 +114,7 @@ def validate(config: Config, *, check_paths: bool = True) -> list[str]:
             p.append("lora.unet_targets: needs at least one module name, e.g. [to_q, to_k, to_v, to_out.0]")
     p += lora_problems(config, check_paths=check_paths)
     p += compile_problems(config)
+    p += missing_extra_problems(config)
     base_weights = config.model.base_weights
     if base_weights != "default" and config.method != "lora":
         p.append(f"model.base_weights: {base_weights} is for LoRA on the diffusion families (a full fine-tune "
@@ -122,9 +123,6 @@ def validate(config: Config, *, check_paths: bool = True) -> list[str]:
         p.append("model.base_weights: fp8 saves memory only with train.gradient_checkpointing=true (otherwise "
                  "each layer's upcast weights are kept for the backward pass): set it, or base_weights=default, or "
                  "model.fp8_compute=on on GPUs of compute capability 8.9+ (nothing is upcast there)")
-    elif base_weights == "nf4" and importlib.util.find_spec("torchao") is None:
-        p.append("model.base_weights: nf4 needs torchao, which is not installed: `pip install 'imagetune[nf4]'`, "
-                 "or set model.base_weights=fp8 (built in) or default")
     if config.model.fp8_compute == "on" and base_weights != "fp8":
         p.append("model.fp8_compute: on multiplies with the fp8 base weights, and model.base_weights is "
                  f"{base_weights}: set model.base_weights=fp8 too, or model.fp8_compute=auto")
@@ -204,16 +202,8 @@ def _bucket_problems(config: Config, multiple: int) -> list[str]:
     return p
 
 
-# Optimizers from optional packages: (module, the extra that installs it).
-_OPTIMIZER_PACKAGES = {"prodigy": "prodigyopt", "adamw_schedulefree": "schedulefree"}
-
-
 def _optimizer_problems(t) -> list[str]:
     p = []
-    module = _OPTIMIZER_PACKAGES.get(t.optimizer)
-    if module and importlib.util.find_spec(module) is None:
-        p.append(f"train.optimizer: {t.optimizer} needs the `{module}` package, which is not installed: "
-                 "`pip install 'imagetune[optimizers]'`, or use adamw")
     if t.optimizer == "adamw_schedulefree" and t.scheduler != "constant":
         p.append(f"train.scheduler: {t.scheduler} with train.optimizer=adamw_schedulefree, which replaces the decay "
                  "schedule by averaging: set train.scheduler=constant (train.warmup_steps still warms it up)")
