@@ -268,3 +268,24 @@ def test_a_demo_run_can_be_resumed(ui):
     _, started = start_with_yaml(ui, base_yaml(ui, prior__enabled=True, prior__class_path=str(SHIPPED_MODEL),
                                                prior__class_prompt="a dog"))
     assert "Not started" in started and "prior.class_path" in started and "outside the workspace" in started
+
+
+def test_numbers_no_setting_can_hold_are_named_at_their_field(ui):
+    """A 29-digit seed once cut the event stream (Integer exceeds 64-bit range); 1e400 answered nothing."""
+    before = runs_now(ui)
+    edited, started = start_with_yaml(ui, base_yaml(ui, seed=99999999999999999999999999999))
+    assert "<b>seed</b>: 999" in edited and "too large for a number setting" in edited, edited
+    assert "Not started" in started and "seed" in started
+    text = base_yaml(ui).replace("data:\n", "data:\n  resolution: 1e400\n", 1)
+    edited, started = start_with_yaml(ui, text)
+    assert "<b>data.resolution</b>: inf is not a finite number" in edited and "Not started" in started, edited
+    assert runs_now(ui) == before
+
+
+@pytest.mark.parametrize("key,value", [("train__steps", 10**12), ("data__resolution", 100000),
+                                       ("batch__total", 10**9), ("sample__images_per_prompt", 10**8)])
+def test_absurd_sizes_are_refused_naming_the_key(ui, key, value):
+    before = runs_now(ui)
+    _, started = start_with_yaml(ui, base_yaml(ui, **{key: value}))
+    assert "Not started" in started and f"{key.replace('__', '.')}</b>: {value} is more than" in started, started
+    assert runs_now(ui) == before

@@ -9,6 +9,7 @@ import importlib.util
 import re
 from pathlib import Path
 
+from trainer.core.config.bounds import bound_problems
 from trainer.core.config.lora_checks import lora_problems
 from trainer.core.compiling import compile_problems
 from trainer.core.config.schema import Config, ModelConfig
@@ -176,6 +177,7 @@ def validate(config: Config, *, check_paths: bool = True) -> list[str]:
         parse_devices(config.devices)
     except ValueError as exc:
         p.append(str(exc))
+    p += bound_problems(config)
     prior = config.prior
     if prior.enabled:
         if not prior.class_prompt.strip():
