@@ -74,7 +74,7 @@ def main(host: str = "127.0.0.1", port: int = 7860, auth: tuple[str, str] | None
     from app import guard
 
     policy = guard.OriginPolicy.build(host, allowed_origins)
-    guard.install(policy, guard.LoginThrottle(clock) if clock else guard.LoginThrottle())
+    guard.install(policy, guard.LoginThrottle(clock) if clock else guard.LoginThrottle(), guard.trusted_proxies())
     from app.ui import CSS_PATH, THEME, build_ui, make_context
 
     ctx = make_context(runs_dir, home, ws)

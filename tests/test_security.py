@@ -289,3 +289,21 @@ def test_absurd_sizes_are_refused_naming_the_key(ui, key, value):
     _, started = start_with_yaml(ui, base_yaml(ui, **{key: value}))
     assert "Not started" in started and f"{key.replace('__', '.')}</b>: {value} is more than" in started, started
     assert runs_now(ui) == before
+
+
+def test_a_wrong_guess_behind_the_shared_proxy_does_not_lock_out_the_owner(ui):
+    """Everybody comes through the proxy's address; it names each visitor in X-Forwarded-For, which is believed
+    from the trusted proxy only. The back-off is per visitor and user name."""
+    proxy = httpx.Client(transport=httpx.HTTPTransport(local_address=PROXY))
+    attacker, owner = {"X-Forwarded-For": "203.0.113.9"}, {"X-Forwarded-For": "198.51.100.7"}
+    login = ui.url + "/login"
+    assert proxy.post(login, data={"username": "admin", "password": "guess"}, headers=attacker).status_code == 400
+    assert proxy.post(login, data={"username": "admin", "password": PASSWORD}, headers=attacker).status_code == 429
+    assert proxy.post(login, data={"username": "admin", "password": PASSWORD}, headers=owner).status_code == 200
+    # From an address that is not a trusted proxy the header is ignored: no fresh back-off per forged address.
+    direct = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.6"))
+    assert direct.post(login, data={"username": "admin", "password": "guess"}, headers=attacker).status_code == 400
+    forged = direct.post(login, data={"username": "admin", "password": "guess"}, headers=owner)
+    assert forged.status_code == 429
+    # The back-off is per user name too: guesses at `admin` do not slow down another name from that address.
+    assert direct.post(login, data={"username": "root", "password": "guess"}).status_code == 400

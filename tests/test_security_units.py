@@ -419,3 +419,16 @@ def test_a_scan_confined_to_a_folder_skips_what_links_out(tmp_path, monkeypatch)
     assert scan.image_count == 2 and set(scan.folders) == {"5_own"}
     assert any("10_linked/: links outside" in w for w in scan.warnings)
     assert any("own.png: links outside" in w for w in scan.warnings)
+
+
+def test_the_client_behind_a_trusted_proxy_is_the_one_it_forwards():
+    from app.guard import client_address, trusted_proxies
+
+    proxies = trusted_proxies("10.0.0.0/8, 127.0.0.5")
+    assert client_address("127.0.0.5", "203.0.113.9", proxies) == "203.0.113.9"
+    # A client's own X-Forwarded-For entries come first; the proxy appends the address it saw, read from the right.
+    assert client_address("127.0.0.5", "198.51.100.7, 203.0.113.9, 10.1.2.3", proxies) == "203.0.113.9"
+    assert client_address("127.0.0.6", "198.51.100.7", proxies) == "127.0.0.6"  # not a proxy: header ignored
+    assert client_address("127.0.0.5", None, proxies) == "127.0.0.5"
+    with pytest.raises(UserError, match="IMAGETUNE_TRUSTED_PROXIES"):
+        trusted_proxies("10.0.0.0/8, runpod")
