@@ -5,8 +5,10 @@
 - The login may come from `--auth user:password` or, for containers, the IMAGETUNE_AUTH environment variable.
 - When the UI is exposed, every path a run would read or write must lie inside the workspace root
   (IMAGETUNE_WORKSPACE, default: the current folder), checked on the built config (after overrides, symlinks
-  followed) and on what a dataset descriptor (YOLO data.yaml, COCO json) points to; hub ids and `demo://` assets
-  are not paths. Multi-node (a torchrun that connects to a user-chosen address) is refused; it stays a CLI feature.
+  followed) and on what a dataset descriptor (YOLO data.yaml, COCO json) points to; `demo://` assets and, in the
+  model keys only, hub ids are not paths. A path that does not exist yet is resolved and checked all the same, and
+  the shipped demo assets' resolved paths (a demo run's config.yaml) are trusted by name where a run only reads.
+  The files inside a dataset are confined by trainer.core.data.confine (IMAGETUNE_CONFINE, set by app.main). Multi-node (a torchrun that connects to a user-chosen address) is refused; it stays a CLI feature.
 - An exposed login needs a password of at least MIN_PASSWORD characters (unless --insecure).
 """
 

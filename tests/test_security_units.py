@@ -432,3 +432,27 @@ def test_the_client_behind_a_trusted_proxy_is_the_one_it_forwards():
     assert client_address("127.0.0.5", None, proxies) == "127.0.0.5"
     with pytest.raises(UserError, match="IMAGETUNE_TRUSTED_PROXIES"):
         trusted_proxies("10.0.0.0/8, runpod")
+
+
+def test_a_confined_yolo_scan_skips_images_and_labels_linking_out(tmp_path, monkeypatch):
+    from PIL import Image
+
+    from trainer.core.data.confine import CONFINE_ENV
+    from trainer.families.detection.data import scan_detection
+
+    ws, outside = tmp_path / "ws", tmp_path / "outside"
+    for folder in (ws / "set" / "images" / "train", ws / "set" / "labels" / "train", outside):
+        folder.mkdir(parents=True)
+    for name, color in (("own", "gray"), ("labelled-outside", "blue")):
+        Image.new("RGB", (64, 48), color).save(ws / "set" / "images" / "train" / f"{name}.jpg")
+    Image.new("RGB", (64, 48), "red").save(outside / "theirs.jpg")
+    (outside / "theirs.txt").write_text("0 0.5 0.5 0.2 0.2\n")
+    (ws / "set" / "images" / "train" / "theirs.jpg").symlink_to(outside / "theirs.jpg")
+    (ws / "set" / "labels" / "train" / "own.txt").write_text("0 0.5 0.5 0.2 0.2\n")
+    (ws / "set" / "labels" / "train" / "labelled-outside.txt").symlink_to(outside / "theirs.txt")
+    (ws / "set" / "data.yaml").write_text("path: .\ntrain: images/train\nnames: [thing]\n")
+    scan = scan_detection(str(ws / "set" / "data.yaml"))
+    assert len(scan.train + scan.val) == 3  # unconfined (the command line): links are followed
+    monkeypatch.setenv(CONFINE_ENV, str(ws))
+    scan = scan_detection(str(ws / "set" / "data.yaml"))
+    assert [Path(r.path).stem for r in scan.train + scan.val] == ["own"] and scan.counts["outside"] == 2
