@@ -47,6 +47,7 @@ echo "home=$HOME"
 echo "auth=$IMAGETUNE_AUTH"
 echo "password=$IMAGETUNE_PASSWORD"
 echo "origins=$IMAGETUNE_ALLOWED_ORIGINS"
+echo "proxies=$IMAGETUNE_TRUSTED_PROXIES"
 echo "--"
 for a in "$@"; do printf '%s\\n' "$a"; done
 """
@@ -281,8 +282,12 @@ def test_runpods_proxy_origin_is_allowed(sandbox):
     _, info, _, _, _ = run_entrypoint([], root / "ws", stub, IMAGETUNE_AUTH="me:pw", RUNPOD_POD_ID="abc123",
                                       IMAGETUNE_ALLOWED_ORIGINS="https://mine.example")
     assert info["origins"] == "https://mine.example,https://abc123-7860.proxy.runpod.net"
+    assert "10.0.0.0/8" in info["proxies"]  # its X-Forwarded-For names the visitor for the login back-off
+    _, info, _, _, _ = run_entrypoint([], root / "ws", stub, IMAGETUNE_AUTH="me:pw", RUNPOD_POD_ID="abc123",
+                                      IMAGETUNE_TRUSTED_PROXIES="10.9.9.9")
+    assert info["proxies"] == "10.9.9.9"  # the operator's list wins
     _, info, _, _, _ = run_entrypoint([], root / "ws", stub, IMAGETUNE_AUTH="me:pw")
-    assert info["origins"] == ""
+    assert info["origins"] == "" and info["proxies"] == ""
 
 
 def test_ui_with_username_and_password_variables(sandbox):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from trainer.core.config.bounds import bound_problems
 from trainer.core.config.extras import missing_extra_problems
 from trainer.core.config.lora_checks import lora_problems
 from trainer.core.compiling import compile_problems
@@ -19,9 +20,23 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _CPU_DEVICES = re.compile(r"^cpu(:(\d+))?$")
 
 
+# The keys that name a model, the only ones a hub id may fill. Any other path key (class images, masks, data) is a
+# local path even when it looks like `org/name`: read as a hub id it would skip the workspace check and stay
+# relative in the run's config.yaml (issue 29: `prior.class_path: link_out/created` wrote outside the workspace).
+HUB_ID_KEYS = ("model.path", "model.config", "detection.weights")
+
+
 def is_hub_id(path: str) -> bool:
     """`org/name` that is not a local path: diffusers fetches it from the Hugging Face hub."""
     return bool(_HUB_ID.match(path)) and not Path(path).exists()
+
+
+def hub_id_at(key: str, value) -> bool:
+    """Whether `value` of config key `key` is a hub id: only a model key may hold one, and not when its first
+    part exists here (`link/new` through a symlink `link` is a local path that does not exist yet)."""
+    if key not in HUB_ID_KEYS or not isinstance(value, str) or not is_hub_id(value):
+        return False
+    return not Path(value.split("/", 1)[0]).exists()
 
 
 def _positive(problems: list[str], key: str, value, *, allow_zero: bool = False) -> None:
@@ -160,6 +175,7 @@ def validate(config: Config, *, check_paths: bool = True) -> list[str]:
         parse_devices(config.devices)
     except ValueError as exc:
         p.append(str(exc))
+    p += bound_problems(config)
     prior = config.prior
     if prior.enabled:
         if not prior.class_prompt.strip():
