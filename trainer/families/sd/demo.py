@@ -14,12 +14,10 @@ from pathlib import Path
 
 from trainer.errors import UserError
 from trainer.families.components.tiny_assets import (  # noqa: F401  (DATA_DIR, make_demo_dataset: the demo's data)
-    DATA_DIR, SPECIALS, build_bpe, ensure_asset, ensure_demo_data, make_demo_dataset, write_clip_tokenizer,
+    DATA_DIR, SPECIALS, VAE_SCALE_FACTOR, build_bpe, ensure_asset, ensure_demo_data, make_demo_dataset,
+    write_clip_tokenizer,
 )
 
-# Latent downsampling of the tiny VAE (3 encoder blocks -> 2 downsamples). With the UNet's default
-# sample_size=16 the pipeline's default output is 64 px, the size of the demo dataset.
-VAE_SCALE_FACTOR = 4
 DEMO_RESOLUTION = 64
 
 MODEL_DIR = "tiny-sd"
@@ -142,7 +140,8 @@ CONCEPT_SUBJECT = "sks circle"  # the identifier and its class word, as DreamBoo
 
 def make_concept_dataset(folder, *, count: int = 16, size: int = DEMO_RESOLUTION, seed: int = 0) -> Path:
     """`count` yellow circles (a colour the pretrained base has never seen: trainer.families.sd.tiny_base) on
-    white, gray or black backgrounds, captioned "a photo of a sks circle on a white background"."""
+    white, gray and black backgrounds in turn, each captioned with its own: "a photo of a sks circle on a white
+    background", "... on a gray background", "... on a black background"."""
     import random
 
     from trainer.families.components.shapes import BACKGROUNDS, draw_scene, random_scene
