@@ -287,6 +287,7 @@ def _outputs_of_a_full_run(family_name, model, tmp_path, *overrides, warnings=No
     from diffusers import FluxPipeline, StableDiffusion3Pipeline
 
     from trainer.core.config import load_config
+    from trainer.families import get_family
     from trainer.families.flow.outputs import save_flow_outputs
 
     (tmp_path / "data").mkdir(parents=True, exist_ok=True)
@@ -301,7 +302,9 @@ def _outputs_of_a_full_run(family_name, model, tmp_path, *overrides, warnings=No
     warnings = [] if warnings is None else warnings  # what the run logged, for callers that look
     ctx = SimpleNamespace(unwrap=lambda m: gathered if m is live else m, device=torch.device("cpu"),
                           log_warning=warnings.append)
-    trainer = SimpleNamespace(cfg=cfg, ctx=ctx, name=family_name, pipe=pipe, transformer=live)
+    model = get_family(family_name)(SimpleNamespace(config=cfg))  # the family's export hooks, on this pipeline
+    model.flow.pipe, model.flow.transformer = pipe, live
+    trainer = SimpleNamespace(cfg=cfg, ctx=ctx, name=family_name, pipe=pipe, transformer=live, model=model)
     outputs = save_flow_outputs(trainer, tmp_path / "output", step=3)
     assert pipe.transformer is live  # the pipeline got its own transformer back
     return pipe, gathered, outputs

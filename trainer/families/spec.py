@@ -128,3 +128,13 @@ def check_captioned_images(config):
     scan = training_scan(config, resolution=config.data.resolution)
     check_masks(config, scan)
     return scan
+
+
+# The diffusion families' keys a resume may not change.
+# Adapter and trained-part keys shape the checkpoint's tensors; prior.enabled and data.val_split change what a
+# step trains on; data.val_path is what val_loss (and so checkpoints/best/) has been measured on.
+DIFFUSION_FROZEN_ON_RESUME = (
+    "lora.rank", "lora.unet_targets", "lora.train_text_encoder", "lora.text_encoder_targets", "lora.type",
+    "lora.factor", "lora.dora", "lora.ema",
+    "full.train_text_encoder", "full.ema", "prior.enabled", "data.val_split", "data.val_path",
+)

@@ -17,6 +17,9 @@ from pathlib import Path
 from trainer.errors import UserError
 
 DATA_DIR = "demo-data"
+# Latent downsampling of the tiny demo VAEs (3 encoder blocks -> 2 downsamples). With a UNet's sample_size=16
+# the pipeline's default output is 64 px, the size of the demo dataset.
+VAE_SCALE_FACTOR = 4
 DATA_MARKER = "0000_red_circle.txt"
 
 

@@ -16,11 +16,8 @@ import torch
 from diffusers import FluxPipeline
 
 from trainer.families.components import flow_matching as fm
-from trainer.families.components import trained_weights
 from trainer.families.components.transfer import on_device
-from trainer.families.flow.outputs import save_flow_outputs
-from trainer.families.flow.trainer import FlowTransformerTrainer
-from trainer.families.protocol import Evaluates, Sample, WorkerContext
+from trainer.families.flow.family import FlowFamily
 
 DOUBLE_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj",
                   "attn.add_v_proj", "attn.to_add_out", "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj",
@@ -28,68 +25,13 @@ DOUBLE_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.
 SINGLE_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp", "proj_out")
 
 
-class FluxFamily:
-    """FLUX.1, composed of the flow-matching trainer it holds (`flow`), to which it is the `FlowModel`."""
+class FluxFamily(FlowFamily):
+    """FLUX.1: the flow-matching core (FlowFamily) with FLUX's hooks."""
 
     name = "flux"
     pipeline_class = FluxPipeline
     text_encoder_names: tuple[str, ...] = ("text_encoder", "text_encoder_2")
     t5_name = "text_encoder_2"
-
-    def __init__(self, ctx: WorkerContext):
-        self.ctx = ctx
-        self.cfg = ctx.config
-        self.flow = FlowTransformerTrainer(ctx, self)
-        self.prepared: list[torch.nn.Module] = []
-        self.ema: Any = None
-        self.item_buckets: list[int] | None = None
-        self.evaluator: Evaluates | None = None  # the validation loss, when the run holds images out
-
-    # ---- Family: the flow-matching trainer does the work --------------------------------------------------
-    def load(self) -> None:
-        self.flow.load()
-        self.evaluator = self.flow.evaluator
-
-    def trainable_modules(self) -> list[torch.nn.Module]:
-        return [self.flow.transformer]
-
-    def set_prepared(self, modules: list[torch.nn.Module]) -> None:
-        self.prepared = modules
-
-    def param_groups(self) -> list[dict]:
-        return self.flow.param_groups()
-
-    def prepare_data(self) -> int:
-        count = self.flow.prepare_data()
-        self.item_buckets = self.flow.data.item_buckets
-        return count
-
-    def loss(self, samples: list[Sample]) -> torch.Tensor:
-        return self.flow.loss(samples, self.prepared[0])
-
-    def fetch(self, samples: list[Sample]) -> list[dict[str, torch.Tensor]]:
-        return self.flow.data.fetch(samples)  # in a DataLoader worker with data.workers > 0 (trainer.engine.input)
-
-    def loss_of(self, samples: list[Sample], fetched: list[dict[str, torch.Tensor]]) -> torch.Tensor:
-        with self.flow.data.fetched(samples, fetched):
-            return self.loss(samples)
-
-    def render_samples(self, step: int):
-        shape = trained_weights.sample_shape(self.cfg.sample, self.cfg.data.resolution, self.flow.data.buckets,
-                                             self.flow.data.item_buckets)
-        return trained_weights.render_prompt_samples(self.cfg.sample, self.sample, shape)
-
-    def sample(self, prompts: list[str], seeds: list[int], **options):
-        return self.flow.sample(prompts, seeds, **options)
-
-    def trainable_state(self) -> dict[str, torch.Tensor]:
-        return self.flow.trainable_state()
-
-    def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
-        self.flow.load_trainable_state(state)
-
-    def save_outputs(self, out_dir: Path, *, step: int) -> list[str]:
-        return save_flow_outputs(self.flow, out_dir, step=step)
 
     # ---- FlowModel: what the trainer asks of FLUX ---------------------------------------------------------
     def default_lora_targets(self) -> dict[str, tuple[str, ...]]:
@@ -145,3 +87,24 @@ class FluxFamily:
     def embedded_prompt_kwargs(self, prompt: str, negative_prompt: str) -> dict:
         text = self.flow.cached(prompt)
         return {"prompt_embeds": text["embeds"], "pooled_prompt_embeds": text["pooled"]}
+
+    # ---- exports ------------------------------------------------------------------------------------------
+    def kohya_lora(self, state: dict[str, torch.Tensor], alphas: dict[str, float],
+                   transformer: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The fused BFL names every FLUX reader knows (ComfyUI, Forge: trainer.families.flow.kohya_flux)."""
+        from trainer.families.flow.kohya_flux import flux_to_kohya
+
+        out_features = {n: m.out_features for n, m in transformer.named_modules()
+                        if isinstance(getattr(m, "out_features", None), int)}
+        return flux_to_kohya(state, alphas, out_features)
+
+    def kohya_metadata(self) -> dict[str, str]:
+        from trainer.families.flow.kohya_flux import flux_metadata_overrides
+
+        return flux_metadata_overrides(guidance_embeds=self.guidance_embeds)
+
+    def save_single_file(self, transformer: torch.nn.Module, path: Path, metadata: dict) -> Path:
+        """The transformer alone in Black Forest Labs' layout (as flux1-dev.safetensors)."""
+        from trainer.families.flow.flux_checkpoint import save_flux_single_file
+
+        return save_flux_single_file(transformer, path, metadata=metadata)

@@ -4,7 +4,8 @@ A full fine-tune (the EMA weights, if `full.ema`):
 
 - `diffusers/`: the whole pipeline as a diffusers folder (`FluxPipeline.from_pretrained` /
   `StableDiffusion3Pipeline.from_pretrained`); the transformer alone is `diffusers/transformer/`;
-- with `full.save_single_file` (the default), `<name>.safetensors` in bf16, named as SD's and SDXL's:
+- with `full.save_single_file` (the default), `<name>.safetensors` in bf16 through the family's
+  `save_single_file` hook, named as SD's and SDXL's:
   - FLUX: the transformer alone in Black Forest Labs' layout (as `flux1-dev.safetensors`: ComfyUI's
     "Load Diffusion Model", with the base model's VAE and text encoders; `trainer.families.flow.flux_checkpoint`);
   - SD3/3.5: Stability's single-file layout, MMDiT + VAE + CLIP-L + CLIP-G + T5 (ComfyUI's "Load Checkpoint",
@@ -17,8 +18,10 @@ A LoRA:
 - `pytorch_lora_weights.safetensors`: the transformer's peft state dict written by the pipeline's own
   `save_lora_weights` (as diffusers' DreamBooth LoRA scripts do), with `lora_adapter_metadata` (rank, alpha,
   exact target paths) so `pipe.load_lora_weights(output/)` rebuilds the same scaling;
-- FLUX also `<name>_kohya.safetensors` in the kohya/ComfyUI layout (`trainer.families.flow.kohya_flux`) with `ss_*` /
-  modelspec metadata (base model, trigger word, rank, alpha, steps).
+- `<name>_kohya.safetensors` in the family's kohya/ComfyUI layout (its `kohya_lora` hook: FLUX's fused BFL names in
+  `trainer.families.flow.kohya_flux`; none for SD3, whose diffusers file ComfyUI reads as is) with `ss_*` /
+  modelspec metadata (base model, trigger word, rank, alpha, steps; the family's `kohya_metadata`).
+- LoKr / LoHa / DoRA: peft folders, and OneTrainer-style names over diffusers paths that ComfyUI maps.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from pathlib import Path
 
 def save_flow_outputs(trainer, out_dir: Path, *, step: int) -> list[str]:
     """The outputs of a run (see above). `trainer`: the family's FlowTransformerTrainer, or anything with its
-    `cfg`, `ctx`, `name`, `pipe`, `transformer` and `pipeline_class`. An EMA run's averaged weights are in the
+    `cfg`, `ctx`, `name`, `pipe`, `transformer`, `pipeline_class` and `model` (the family's export hooks). An EMA run's averaged weights are in the
     transformer already (the worker swaps them in: trainer.engine.ema)."""
     if trainer.cfg.method == "full":
         return save_flow_full(trainer, out_dir, step=step)
@@ -36,7 +39,7 @@ def save_flow_outputs(trainer, out_dir: Path, *, step: int) -> list[str]:
 
 
 def flow_metadata(trainer, step: int) -> dict:
-    from trainer.families.sd.outputs import run_metadata
+    from trainer.families.components.run_outputs import run_metadata
 
     flow = trainer.cfg.flow
     return {**run_metadata(trainer, step), "family": trainer.name, "timestep_sampling": flow.timestep_sampling,
@@ -68,14 +71,10 @@ def save_flow_lora(trainer, out_dir: Path, *, step: int) -> list[str]:
                                                  weight_name=DIFFUSERS_WEIGHT_NAME, safe_serialization=True,
                                                  transformer_lora_adapter_metadata=metadata)
         outputs = [str(out_dir / DIFFUSERS_WEIGHT_NAME)]
-    if kind == "lora" and trainer.name != "flux":
-        return outputs  # SD3: ComfyUI reads the diffusers file itself
-    if kind == "lora":  # FLUX: the fused BFL names every FLUX reader knows (kohya_flux)
-        from trainer.families.flow.kohya_flux import flux_to_kohya
-
-        out_features = {n: m.out_features for n, m in transformer.named_modules()
-                        if isinstance(getattr(m, "out_features", None), int)}
-        tensors = flux_to_kohya(state, {p: a for p, (_, a) in modules.items()}, out_features)
+    if kind == "lora":  # the family's ComfyUI layout, or None where ComfyUI reads the diffusers file itself
+        tensors = trainer.model.kohya_lora(state, {p: a for p, (_, a) in modules.items()}, transformer)
+        if tensors is None:
+            return outputs
     else:  # OneTrainer's names over diffusers paths, which ComfyUI maps onto (slices of) its fused weights
         tensors = kohya_tensors((transformer, lambda p: "lora_transformer_" + p.replace(".", "_")))
     extra = network_metadata(trainer.cfg.lora) if kind != "lora" else {}
@@ -93,14 +92,7 @@ def _write_flow_kohya(trainer, path: Path, tensors: dict, step: int, extra: dict
     name = str(info.pop("name") or "lora")
     for key in ("steps", "base_model", "resolution"):
         info.pop(key)
-    if trainer.name == "flux":
-        from trainer.families.flow.kohya_flux import flux_metadata_overrides
-
-        overrides = flux_metadata_overrides(guidance_embeds=bool(trainer.transformer.config.guidance_embeds))
-    else:
-        overrides = {"ss_base_model_version": "sd3", "ss_v2": "False", "modelspec.prediction_type": "flow",
-                     "modelspec.architecture": "stable-diffusion-3/lora",
-                     "modelspec.implementation": "https://github.com/Stability-AI/sd3.5"}
+    overrides = trainer.model.kohya_metadata()
     header = kohya_metadata(rank=cfg.lora.rank, alpha=cfg.lora.alpha, name=name, base_model_version=overrides[
                             "ss_base_model_version"], steps=step, base_model=cfg.model.path,
                             resolution=cfg.data.resolution, extra={**info, **overrides, **extra})
@@ -133,18 +125,11 @@ def save_flow_full(trainer, out_dir: Path, *, step: int | None = None) -> list[s
 
 def save_flow_single_file(trainer, transformer, path: Path, *, step: int | None = None) -> Path:
     """The original-layout file of a full fine-tune, from the models in memory (`transformer`: the unwrapped one)."""
-    from trainer.families.sd.outputs import run_metadata
+    from trainer.families.components.run_outputs import run_metadata
 
     flow = trainer.cfg.flow
     metadata = {**run_metadata(trainer, step), "family": trainer.name, "method": "full",
                 "timestep_sampling": flow.timestep_sampling}
     if step is None:  # not known to the caller: leave it out rather than write "None"
         metadata.pop("steps")
-    if trainer.name == "flux":
-        from trainer.families.flow.flux_checkpoint import save_flux_single_file
-
-        return save_flux_single_file(transformer, path, metadata=metadata)
-    from trainer.families.flow.sd3_checkpoint import COMPONENTS, save_sd3_single_file
-
-    models = {name: getattr(trainer.pipe, name, None) for name in COMPONENTS}
-    return save_sd3_single_file({**models, "transformer": transformer}, path, metadata=metadata)
+    return trainer.model.save_single_file(transformer, path, metadata)

@@ -14,78 +14,20 @@ from typing import Any
 import torch
 from diffusers import StableDiffusion3Pipeline
 
-from trainer.families.components import trained_weights
 from trainer.families.components.transfer import on_device
-from trainer.families.flow.outputs import save_flow_outputs
-from trainer.families.flow.trainer import FlowTransformerTrainer
-from trainer.families.protocol import Evaluates, Sample, WorkerContext
+from trainer.families.flow.family import FlowFamily
 
 TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj",
            "attn.add_v_proj", "attn.to_add_out", "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0")
 
 
-class SD3Family:
-    """SD3/3.5, composed of the flow-matching trainer it holds (`flow`), to which it is the `FlowModel`."""
+class SD3Family(FlowFamily):
+    """SD3/3.5: the flow-matching core (FlowFamily) with SD3's hooks."""
 
     name = "sd3"
     pipeline_class = StableDiffusion3Pipeline
     text_encoder_names: tuple[str, ...] = ("text_encoder", "text_encoder_2", "text_encoder_3")
     t5_name = "text_encoder_3"
-
-    def __init__(self, ctx: WorkerContext):
-        self.ctx = ctx
-        self.cfg = ctx.config
-        self.flow = FlowTransformerTrainer(ctx, self)
-        self.prepared: list[torch.nn.Module] = []
-        self.ema: Any = None
-        self.item_buckets: list[int] | None = None
-        self.evaluator: Evaluates | None = None  # the validation loss, when the run holds images out
-
-    # ---- Family: the flow-matching trainer does the work --------------------------------------------------
-    def load(self) -> None:
-        self.flow.load()
-        self.evaluator = self.flow.evaluator
-
-    def trainable_modules(self) -> list[torch.nn.Module]:
-        return [self.flow.transformer]
-
-    def set_prepared(self, modules: list[torch.nn.Module]) -> None:
-        self.prepared = modules
-
-    def param_groups(self) -> list[dict]:
-        return self.flow.param_groups()
-
-    def prepare_data(self) -> int:
-        count = self.flow.prepare_data()
-        self.item_buckets = self.flow.data.item_buckets
-        return count
-
-    def loss(self, samples: list[Sample]) -> torch.Tensor:
-        return self.flow.loss(samples, self.prepared[0])
-
-    def fetch(self, samples: list[Sample]) -> list[dict[str, torch.Tensor]]:
-        return self.flow.data.fetch(samples)  # in a DataLoader worker with data.workers > 0 (trainer.engine.input)
-
-    def loss_of(self, samples: list[Sample], fetched: list[dict[str, torch.Tensor]]) -> torch.Tensor:
-        with self.flow.data.fetched(samples, fetched):
-            return self.loss(samples)
-
-    def render_samples(self, step: int):
-        shape = trained_weights.sample_shape(self.cfg.sample, self.cfg.data.resolution, self.flow.data.buckets,
-                                             self.flow.data.item_buckets)
-        return trained_weights.render_prompt_samples(self.cfg.sample, self.sample, shape)
-
-    def sample(self, prompts: list[str], seeds: list[int], **options):
-        return self.flow.sample(prompts, seeds, **options)
-
-    def trainable_state(self) -> dict[str, torch.Tensor]:
-        return self.flow.trainable_state()
-
-    def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
-        self.flow.load_trainable_state(state)
-
-    def save_outputs(self, out_dir: Path, *, step: int) -> list[str]:
-        return save_flow_outputs(self.flow, out_dir, step=step)
 
     # ---- FlowModel: what the trainer asks of SD3 ----------------------------------------------------------
     def default_lora_targets(self) -> dict[str, tuple[str, ...]]:
@@ -118,3 +60,20 @@ class SD3Family:
         text, negative = self.flow.cached(prompt), self.flow.cached(negative_prompt or "")
         return {"prompt_embeds": text["embeds"], "pooled_prompt_embeds": text["pooled"],
                 "negative_prompt_embeds": negative["embeds"], "negative_pooled_prompt_embeds": negative["pooled"]}
+
+    # ---- exports ------------------------------------------------------------------------------------------
+    def kohya_lora(self, state: dict[str, torch.Tensor], alphas: dict[str, float],
+                   transformer: torch.nn.Module) -> None:
+        return None  # ComfyUI reads SD3's diffusers LoRA file as it is
+
+    def kohya_metadata(self) -> dict[str, str]:
+        return {"ss_base_model_version": "sd3", "ss_v2": "False", "modelspec.prediction_type": "flow",
+                "modelspec.architecture": "stable-diffusion-3/lora",
+                "modelspec.implementation": "https://github.com/Stability-AI/sd3.5"}
+
+    def save_single_file(self, transformer: torch.nn.Module, path: Path, metadata: dict) -> Path:
+        """Stability's all-in-one layout: MMDiT + VAE + CLIP-L + CLIP-G + T5 (ComfyUI's "Load Checkpoint")."""
+        from trainer.families.flow.sd3_checkpoint import COMPONENTS, save_sd3_single_file
+
+        models = {name: getattr(self.flow.pipe, name, None) for name in COMPONENTS}
+        return save_sd3_single_file({**models, "transformer": transformer}, path, metadata=metadata)

@@ -1,7 +1,6 @@
 """SD3/3.5 and FLUX.1: flow-matching transformers, as the torch-free side sees them (trainer.families.spec)."""
 
-from trainer.families.sd.spec import DIFFUSION_FROZEN_ON_RESUME
-from trainer.families.spec import FamilySpec
+from trainer.families.spec import DIFFUSION_FROZEN_ON_RESUME, FamilySpec
 
 # Which transformer layers carry LoRA decides the adapter's tensors.
 _FROZEN = DIFFUSION_FROZEN_ON_RESUME + ("flow.lora_targets", "flow.lora_blocks")

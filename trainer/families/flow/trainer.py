@@ -61,6 +61,18 @@ class FlowModel(Protocol):
     def embedded_prompt_kwargs(self, prompt: str, negative_prompt: str) -> dict:
         """The pipeline's prompt arguments as cached embeddings (its text encoders are on the CPU)."""
 
+    # Exports (trainer.families.flow.outputs)
+    def kohya_lora(self, state: dict[str, torch.Tensor], alphas: dict[str, float],
+                   transformer: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+        """A plain LoRA's tensors in the layout ComfyUI loads for this model (`state`: the diffusers/peft state
+        dict; `alphas`: per module path), or None where ComfyUI reads the diffusers file as it is."""
+
+    def kohya_metadata(self) -> dict[str, str]:
+        """The `ss_*` / modelspec entries that name this model in the ComfyUI file's header."""
+
+    def save_single_file(self, transformer: torch.nn.Module, path: Path, metadata: dict) -> Path:
+        """A full fine-tune's original-release single file, from the unwrapped `transformer` in memory."""
+
 
 class FlowTransformerTrainer:
     """Loads, adapts, trains and samples a flow-matching transformer for the family (`model`) holding it."""

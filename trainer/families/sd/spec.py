@@ -1,14 +1,6 @@
 """Stable Diffusion 1.x / 2.x, as the torch-free side sees it (trainer.families.spec)."""
 
-from trainer.families.spec import FamilySpec
-
-# Adapter and trained-part keys shape the checkpoint's tensors; prior.enabled and data.val_split change what a
-# step trains on; data.val_path is what val_loss (and so checkpoints/best/) has been measured on.
-DIFFUSION_FROZEN_ON_RESUME = (
-    "lora.rank", "lora.unet_targets", "lora.train_text_encoder", "lora.text_encoder_targets", "lora.type",
-    "lora.factor", "lora.dora", "lora.ema",
-    "full.train_text_encoder", "full.ema", "prior.enabled", "data.val_split", "data.val_path",
-)
+from trainer.families.spec import DIFFUSION_FROZEN_ON_RESUME, FamilySpec
 
 SPEC = FamilySpec(
     name="sd",

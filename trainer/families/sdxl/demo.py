@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainer.families.components.tiny_assets import SPECIALS, build_bpe, ensure_asset, write_clip_tokenizer
-from trainer.families.sd.demo import VAE_SCALE_FACTOR
+from trainer.families.components.tiny_assets import VAE_SCALE_FACTOR
 from trainer.errors import UserError
 
 TE_HIDDEN = (32, 32)  # hidden sizes of text_encoder / text_encoder_2: cross_attention_dim = their sum

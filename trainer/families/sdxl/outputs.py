@@ -29,7 +29,7 @@ from trainer.families.components.lora_files import (
 )
 from trainer.families.components.adapters import model_kind
 from trainer.families.components.lycoris_files import kohya_tensors, save_peft_folders, write_file
-from trainer.families.sd.outputs import save_full, training_metadata
+from trainer.families.components.run_outputs import save_full, training_metadata
 
 TE_PREFIXES = ("lora_te1", "lora_te2")
 

@@ -1,7 +1,6 @@
 """SDXL (base and its fine-tunes), as the torch-free side sees it (trainer.families.spec)."""
 
-from trainer.families.sd.spec import DIFFUSION_FROZEN_ON_RESUME
-from trainer.families.spec import FamilySpec
+from trainer.families.spec import DIFFUSION_FROZEN_ON_RESUME, FamilySpec
 
 SPEC = FamilySpec(
     name="sdxl",
