@@ -56,13 +56,7 @@ class FluxFamily(FlowFamily):
         return {"embeds": embeds.float(), "pooled": pooled.float()}
 
     def shift(self, latent_shape: tuple[int, ...]) -> float:
-        s = self.flow.scheduler_config
-        if self.cfg.flow.shift or not s.get("use_dynamic_shifting"):
-            return self.flow.static_shift()
-        seq_len = (latent_shape[-2] // 2) * (latent_shape[-1] // 2)
-        return fm.resolution_shift(seq_len, base_seq_len=s.get("base_image_seq_len", 256),
-                                   max_seq_len=s.get("max_image_seq_len", 4096), base_shift=s.get("base_shift", 0.5),
-                                   max_shift=s.get("max_shift", 1.15))
+        return self.flow.scheduler_shift(latent_shape)
 
     def forward(self, model: Any, noisy: torch.Tensor, sigmas: torch.Tensor, text: dict) -> torch.Tensor:
         b, _, h, w = noisy.shape

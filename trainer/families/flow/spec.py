@@ -4,7 +4,7 @@ from trainer.families.spec import DIFFUSION_FROZEN_ON_RESUME, FamilySpec
 
 # Which transformer layers carry LoRA decides the adapter's tensors.
 _FROZEN = DIFFUSION_FROZEN_ON_RESUME + ("flow.lora_targets", "flow.lora_blocks")
-_SECTION_TITLE = "Flow matching (SD3, FLUX)"
+_SECTION_TITLE = "Flow matching (SD3, FLUX, Chroma)"
 
 SD3 = FamilySpec(
     name="sd3",

@@ -235,6 +235,18 @@ class FlowTransformerTrainer:
         """`flow.shift`, else the scheduler's own shift."""
         return float(self.cfg.flow.shift) if self.cfg.flow.shift else float(self.scheduler_config.get("shift", 1.0))
 
+    def scheduler_shift(self, latent_shape: tuple[int, ...]) -> float:
+        """The shift the pipeline samples with: `flow.shift`, else the scheduler's static shift or, with its dynamic
+        shifting on, exp(mu) of the packed 2x2 token count (the FLUX and Chroma pipelines' `calculate_shift`, with
+        their defaults for missing scheduler keys)."""
+        s = self.scheduler_config
+        if self.cfg.flow.shift or not s.get("use_dynamic_shifting"):
+            return self.static_shift()
+        seq_len = (latent_shape[-2] // 2) * (latent_shape[-1] // 2)
+        return fm.resolution_shift(seq_len, base_seq_len=s.get("base_image_seq_len", 256),
+                                   max_seq_len=s.get("max_image_seq_len", 4096), base_shift=s.get("base_shift", 0.5),
+                                   max_shift=s.get("max_shift", 1.15))
+
     def loss(self, samples: list[Sample], transformer: torch.nn.Module) -> torch.Tensor:
         """Mean loss of a micro-batch through `transformer` (the wrapped one the loop accumulates on)."""
         return self.data.loss(samples, lambda rows, stream: self._rows_loss(rows, stream, transformer))

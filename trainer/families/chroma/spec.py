@@ -1,0 +1,22 @@
+"""Chroma, as the torch-free side sees it (trainer.families.spec). Its settings are the flow-matching section's."""
+
+from trainer.families.spec import DIFFUSION_FROZEN_ON_RESUME, FamilySpec
+
+CHROMA = FamilySpec(
+    name="chroma",
+    title="Chroma (Chroma1-HD, Chroma1-Base)",
+    implementation="trainer.families.chroma.family:ChromaFamily",
+    checks="trainer.families.chroma.checks:chroma_checks",
+    bucket_multiple=16,  # the transformer packs 2x2 latent patches of the 8x VAE
+    trained_component="transformer",
+    published_parameters=8.9e9,  # the model card's 8.9B (ChromaTransformer2DModel(): 8,899,983,424)
+    frozen_on_resume=DIFFUSION_FROZEN_ON_RESUME + ("flow.lora_targets", "flow.lora_blocks"),
+    exports=("LoRA: output/pytorch_lora_weights.safetensors (diffusers) and a kohya/ComfyUI file "
+             "(lora_unet_double_blocks_... keys, as for FLUX.1)",
+             "full: a diffusers folder (no single file yet)"),
+    demo_preset="demo-chroma.yaml",
+    demo_assets={"tiny-chroma": "trainer.families.chroma.demo:ensure_tiny_chroma"},
+    section="flow",
+    section_title="Flow matching (SD3, FLUX, Chroma)",
+    xformers=False,  # diffusers' attention processors on SDPA; xformers is wired for the UNets
+)
