@@ -272,6 +272,8 @@ ROWS: dict[str, Seen | Shown] = {
     "distributed.stall_timeout_s": Shown("test_stall.py::test_a_frozen_rank_is_warned_about_then_the_run_fails_naming_it"),
     "distributed.sharding": Seen("distributed.sharding=fsdp", "plan"),
     "distributed.zero_stage": Seen("distributed.zero_stage=1", "plan"),
+    "logging.tensorboard": Shown("test_mirrors.py::test_a_stopped_and_resumed_run_logs_one_tensorboard_run_and_one_wandb_run"),
+    "logging.wandb": Shown("test_mirrors.py::test_a_stopped_and_resumed_run_logs_one_tensorboard_run_and_one_wandb_run"),
 }
 
 # What each observer's base config adds to the defaults (the keys it compares need a context to show).

@@ -103,6 +103,10 @@ def setup(run_dir: Path, resume: Path | None):
                               accumulation=plan.accumulation, workers=plan.data_workers, pin=plan.device == "cuda")
     if resume:
         load_run_checkpoint(run, resume)
+    if acc.is_main_process:  # logging.tensorboard / logging.wandb: mirrors of rank 0's events (trainer.engine.mirrors)
+        from trainer.engine.mirrors import open_mirrors
+
+        run.events = open_mirrors(events, config, run_dir, run.state.step, resumed=resume is not None)
     from trainer.engine.heartbeat import Heartbeat
 
     run.heartbeat = Heartbeat(run_dir, acc.process_index, lambda: compiler.phase(run.phase)).start(run.state.step)
@@ -191,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_library_chatter()
     try:
         run = setup(run_dir, args.resume)
+        events = run.events  # from here on, the final event reaches the TensorBoard / W&B mirrors too
         from trainer.engine.loop import fit
 
         status = fit(run)
@@ -236,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
             # that failed first, from torchrun's report (or this process's exit status), in the final `failed` event.
             events.emit("warning", message=f"rank 0 stopped at {phase}: {type(exc).__name__}: {exc}")
         return 1
+    finally:
+        if hasattr(events, "close"):  # a mirror still open after a crash: flush TensorBoard, finish the W&B run
+            events.close()
 
 
 def _is_timeout(exc: BaseException) -> bool:

@@ -79,6 +79,7 @@ def validate(config: Config, *, check_paths: bool = True) -> list[str]:
     _positive(p, "train.max_nonfinite_steps", t.max_nonfinite_steps)
     _positive(p, "train.scheduler_cycles", t.scheduler_cycles)
     _positive(p, "train.scheduler_power", t.scheduler_power)
+    p += _logging_problems(config.logging)
     p += _optimizer_problems(t)
     if len(t.betas) != 2 or not all(0 <= x < 1 for x in t.betas):
         p.append(f"train.betas: must be two numbers in [0, 1), got {t.betas}")
@@ -206,6 +207,26 @@ def _bucket_problems(config: Config, multiple: int) -> list[str]:
 
 # Optimizers from optional packages: (module, the extra that installs it).
 _OPTIMIZER_PACKAGES = {"prodigy": "prodigyopt", "adamw_schedulefree": "schedulefree"}
+
+
+# logging.wandb: `project` or `entity/project`; W&B refuses these characters in both.
+_WANDB_NAME = re.compile(r"^[^/\\#?%:\s]{1,128}(/[^/\\#?%:\s]{1,128})?$")
+
+
+def _logging_problems(log) -> list[str]:
+    """logging.*: the optional package each sink needs (named by its extra), and a W&B project W&B accepts."""
+    p = []
+    if log.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        p.append("logging.tensorboard: needs the `tensorboard` package, which is not installed: "
+                 "`pip install 'imagetune[tensorboard]'`, or set logging.tensorboard=false")
+    if log.wandb is not None:
+        if not _WANDB_NAME.match(log.wandb):
+            p.append(f"logging.wandb: {log.wandb!r} is not a W&B project: give `project` or `entity/project` "
+                     "(no spaces, no / \\ # ? % :, at most 128 characters each)")
+        elif importlib.util.find_spec("wandb") is None:
+            p.append("logging.wandb: needs the `wandb` package, which is not installed: "
+                     "`pip install 'imagetune[wandb]'`, or leave logging.wandb unset")
+    return p
 
 
 def _optimizer_problems(t) -> list[str]:
