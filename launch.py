@@ -5,6 +5,8 @@
     python launch.py --preset PRESET [KEY=VALUE ...]   train headless with a progress bar
     python launch.py --preset PRESET --dry-run         print the resolved config and the plan; create nothing
     python launch.py --resume RUN_DIR [KEY=VALUE ...]  continue a run from its newest checkpoint
+    python launch.py --import-kohya FILE.json|FILE.toml [--out P.yaml]   a preset from a kohya_ss / sd-scripts config
+    python launch.py --import-ai-toolkit JOB.yaml [--out P.yaml]         a preset from an ai-toolkit job
 
 Exit status: 0 when the run is done or was stopped, 1 when it failed, 2 for a mistake in the command line or
 the preset (reported as one paragraph, no traceback), 130 when interrupted before the run started.
@@ -33,6 +35,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--resume", metavar="RUN_DIR", help="continue this run from its newest complete checkpoint")
     p.add_argument("--dry-run", action="store_true", help="print the resolved config and the plan, then stop")
     p.add_argument("--runs-dir", default="runs", help="where run folders are created (default: runs/)")
+    bring = p.add_argument_group("import another trainer's config")
+    bring.add_argument("--import-kohya", metavar="FILE", help="a kohya_ss GUI config (.json) or an sd-scripts "
+                       "config (.toml, with the dataset config it names) -> an imagetune preset")
+    bring.add_argument("--import-ai-toolkit", metavar="JOB", help="an ai-toolkit job file (.yaml) -> a preset")
+    bring.add_argument("--out", metavar="P.yaml", help="where to write the imported preset (default: "
+                       "<name>.imagetune.yaml in the current folder)")
     ui = p.add_argument_group("web UI")
     ui.add_argument("--host", default="127.0.0.1")
     ui.add_argument("--port", type=int, default=7860)
@@ -55,6 +63,11 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError("Use either --preset (start a new run) or --resume RUN_DIR (continue one), not both.")
         if args.dry_run and not args.preset:
             raise UserError("--dry-run needs --preset: it shows what a preset would do without creating anything.")
+        if args.import_kohya or args.import_ai_toolkit:
+            return import_headless(args)
+        if args.out:
+            raise UserError("--out names where an imported preset goes: use it with --import-kohya or "
+                            "--import-ai-toolkit.")
         if args.preset:
             return run_headless(args)
         if args.resume:
@@ -96,6 +109,31 @@ def run_headless(args) -> int:
     print(f"run folder: {run_dir}", flush=True)
     proc = start_run(run_dir, plan, config, worker_module=args.worker_module)
     return follow(proc, start_step=0, offset=0)
+
+
+def import_headless(args) -> int:
+    from trainer.core.importers import import_config
+
+    if args.import_kohya and args.import_ai_toolkit or args.preset or args.resume or args.overrides or args.dry_run:
+        raise UserError("An import runs alone: give one of --import-kohya / --import-ai-toolkit (and --out), then "
+                        "run the preset it writes with --preset.")
+    kind, path = ("kohya", args.import_kohya) if args.import_kohya else ("ai-toolkit", args.import_ai_toolkit)
+    result = import_config(kind, path, args.out)
+    print(f"wrote {result.out}")
+    for note in result.imported.notes:
+        print(f"note: {note}")
+    if result.imported.unmapped:
+        print(f"not imported ({len(result.imported.unmapped)}):")
+        for key, why in result.imported.unmapped:
+            print(f"  {key}: {why}")
+    if result.problems:
+        print("still to set before it runs:")
+        for problem in result.problems:
+            print(f"  - {problem}")
+        print(f"then: python launch.py --preset {result.out} --dry-run")
+    else:
+        print(f"ready: python launch.py --preset {result.out} --dry-run")
+    return 0
 
 
 def resume_headless(args) -> int:
