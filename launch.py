@@ -94,17 +94,33 @@ def find_preset(name: str) -> str:
     return name  # read_preset explains that it does not exist
 
 
+def slurm_overrides(overrides: list[str]) -> tuple[list[str], str]:
+    """Inside `srun`: SLURM's nodes, node rank, master host and GPUs as overrides before the user's own (which
+    win), and the words for the plan line; outside, nothing (trainer.core.slurm)."""
+    import os
+
+    from trainer.core.slurm import slurm_step
+
+    step = slurm_step(os.environ)
+    if step is None:
+        return list(overrides), ""
+    return [*step.overrides(), *overrides], step.describe()
+
+
 def run_headless(args) -> int:
+    from dataclasses import replace
+
     from trainer.core.config import load_config, to_yaml
     from trainer.core.launcher import plan_for, prepare_run, start_run
 
-    config = load_config(find_preset(args.preset), args.overrides)
+    overrides, cluster = slurm_overrides(args.overrides)
+    config = load_config(find_preset(args.preset), overrides)
     if args.dry_run:
-        plan = plan_for(config)
+        plan = replace(plan_for(config), cluster=cluster)
         print(to_yaml(config), end="")
         print_plan(plan)
         return 0
-    run_dir, plan = prepare_run(config, args.runs_dir)
+    run_dir, plan = prepare_run(config, args.runs_dir, cluster=cluster)
     print_plan(plan)
     print(f"run folder: {run_dir}", flush=True)
     proc = start_run(run_dir, plan, config, worker_module=args.worker_module)
@@ -142,8 +158,11 @@ def resume_headless(args) -> int:
 
     events = Path(args.resume) / EVENTS_FILE
     offset = events.stat().st_size if events.exists() else 0  # show only what this launch adds
-    proc = resume_run(args.resume, args.overrides, worker_module=args.worker_module)
+    overrides, cluster = slurm_overrides(args.overrides)
+    proc = resume_run(args.resume, overrides, worker_module=args.worker_module)
     print_plan(proc.plan)
+    if cluster:
+        print(f"note: {cluster}")
     changed = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in proc.changes.items())
     print(f"resuming {proc.run_dir} at step {proc.resumed_from.step}" + (f" ({changed})" if changed else ""))
     return follow(proc, start_step=proc.resumed_from.step, offset=offset)
