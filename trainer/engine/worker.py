@@ -217,8 +217,9 @@ def main(argv: list[str] | None = None) -> int:
                 outputs = run.family.save_outputs(RunFolder(run_dir).output, step=run.state.step)
                 outputs = [os.path.relpath(p, run_dir) for p in outputs]
             run.accelerator.wait_for_everyone()
+        hub = _push_to_hub(run, events) if run.accelerator.is_main_process and run.config.output.push_to_hub else None
         events.emit("done", step=run.state.step, outputs=outputs, overflow_steps=run.amp.overflow_steps,
-                    nonfinite_steps=run.state.nonfinite_total)
+                    nonfinite_steps=run.state.nonfinite_total, **({"hub": hub} if hub else {}))
         return 0
     except UserError as exc:
         events.emit("failed", reason=str(exc))
@@ -244,6 +245,24 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if hasattr(events, "close"):  # a mirror still open after a crash: flush TensorBoard, finish the W&B run
             events.close()
+
+
+def _push_to_hub(run, events) -> str | None:
+    """output.push_to_hub, on rank 0 once the outputs are written (the other ranks have nothing left to do): the
+    repo's URL, or None after a `warning` (the run is still done; its files are in output/)."""
+    from trainer.core.hub import push_outputs
+
+    repo = run.config.output.push_to_hub
+    run.phase = f"rank 0 uploading the outputs to {repo}"
+    print(f"uploading the outputs to the Hub repo {repo}", flush=True)
+    try:
+        return push_outputs(run.config, run.run_dir, run.state.step)
+    except Exception as exc:  # network, permissions, quota: the training itself succeeded
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        events.emit("warning", message=f"output.push_to_hub: uploading to {repo} failed ({type(exc).__name__}: "
+                                       f"{first}); the outputs are in output/. Check HF_TOKEN (a write token) and "
+                                       "the repo id.")
+        return None
 
 
 def _is_timeout(exc: BaseException) -> bool:

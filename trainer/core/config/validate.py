@@ -80,6 +80,7 @@ def validate(config: Config, *, check_paths: bool = True) -> list[str]:
     _positive(p, "train.scheduler_cycles", t.scheduler_cycles)
     _positive(p, "train.scheduler_power", t.scheduler_power)
     p += _logging_problems(config.logging)
+    p += _hub_problems(config)
     p += _optimizer_problems(t)
     if len(t.betas) != 2 or not all(0 <= x < 1 for x in t.betas):
         p.append(f"train.betas: must be two numbers in [0, 1), got {t.betas}")
@@ -211,6 +212,25 @@ _OPTIMIZER_PACKAGES = {"prodigy": "prodigyopt", "adamw_schedulefree": "schedulef
 
 # logging.wandb: `project` or `entity/project`; W&B refuses these characters in both.
 _WANDB_NAME = re.compile(r"^[^/\\#?%:\s]{1,128}(/[^/\\#?%:\s]{1,128})?$")
+
+
+def _hub_problems(config: Config) -> list[str]:
+    """output.push_to_hub: a repo id the Hub accepts, and a token to upload with (found now, not after training)."""
+    repo = config.output.push_to_hub
+    if repo is None:
+        return []
+    if not _HUB_ID.match(repo) or len(repo) > 96 or "--" in repo or ".." in repo:
+        return [f"output.push_to_hub: {repo!r} is not a Hub repo id: give `user/name` or `org/name` (letters, digits, "
+                "-, _ and .)"]
+    if config.model.family == "detection":
+        return ["output.push_to_hub: uploads diffusion LoRAs and fine-tunes (with their model card); detection "
+                "runs are not uploaded yet"]
+    from huggingface_hub import get_token  # torch-free; a dependency
+
+    if not get_token():
+        return ["output.push_to_hub: no Hugging Face token: set HF_TOKEN (a write token) in the environment or run "
+                "`hf auth login`, or leave output.push_to_hub unset"]
+    return []
 
 
 def _logging_problems(log) -> list[str]:
