@@ -17,7 +17,8 @@ from trainer.core.events import read_events
 from trainer.engine.mirrors import TENSORBOARD_DIR, WANDB_ID_FILE
 
 REPO = Path(__file__).resolve().parents[1]
-OVERRIDES = ["devices=cpu:1", "precision=fp32", "train.steps=4", "train.warmup_steps=0", "sample.every=2",
+# Two processes: only rank 0 may log (a second writer would double every point and open a second W&B run).
+OVERRIDES = ["devices=cpu:2", "precision=fp32", "train.steps=4", "train.warmup_steps=0", "sample.every=2",
              "sample.steps=2", "sample.images_per_prompt=1", "checkpoint.every=0", "lora.train_text_encoder=false"]
 
 
@@ -59,6 +60,7 @@ def test_a_stopped_and_resumed_run_logs_one_tensorboard_run_and_one_wandb_run(tm
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
     scalars, images, texts = _scalars(run_dir / TENSORBOARD_DIR)
+    assert len(list((run_dir / TENSORBOARD_DIR).glob("events.out.tfevents.*"))) == 2  # one writer per launch
     # One curve over both launches: steps 1-4 once each (the resume hides only what was logged past step 2, the
     # checkpoint it continues from: nothing here, since the stop checkpointed the step where logging stopped).
     assert scalars["train/loss"] == [1, 2, 3, 4] and scalars["train/lr"] == [1, 2, 3, 4]
