@@ -159,3 +159,50 @@ def test_a_preset_with_what_is_missing_is_still_written_and_names_it(tmp_path):
     assert "# Still to set" in out.read_text()
     again = _cli("--import-kohya", str(source), cwd=tmp_path)  # the default name is never overwritten
     assert again.returncode == 2 and "--out" in again.stderr
+
+
+def test_sd_scripts_lycoris_regularization_and_loss_settings_map_to_their_keys(tmp_path):
+    from trainer.core.importers.kohya import read_kohya
+
+    (tmp_path / "prompts.txt").write_text("a sks dog on a beach --w 1024 --h 1024 --s 28\n# a comment\n\n")
+    (tmp_path / "lokr.toml").write_text(f"""
+pretrained_model_name_or_path = "stabilityai/stable-diffusion-xl-base-1.0"
+sdxl_no_half_vae = true
+network_module = "lycoris.kohya"
+network_args = ["algo=lokr", "factor=8", "preset=attn-mlp"]
+network_dim = 100000
+network_alpha = 1
+network_train_unet_only = true
+train_data_dir = "{tmp_path / 'img'}"
+reg_data_dir = "{tmp_path / 'reg'}"
+prior_loss_weight = 0.5
+loss_type = "huber"
+huber_c = 0.2
+optimizer_type = "Lion"
+optimizer_args = ["weight_decay=0.1", "d_coef=2"]
+lr_scheduler = "cosine_with_restarts"
+lr_scheduler_num_cycles = 3
+lr_warmup_steps = 0.1
+max_train_steps = 500
+log_with = "wandb"
+log_tracker_name = "my-loras"
+sample_prompts = "{tmp_path / 'prompts.txt'}"
+sample_every_n_steps = 100
+multires_noise_iterations = 6
+""")
+    imported = read_kohya(tmp_path / "lokr.toml")
+    p = imported.preset
+    assert p["model"]["family"] == "sdxl" and any("inferred" in n for n in imported.notes)
+    assert p["lora"] == {"type": "lokr", "rank": 100000, "alpha": 1.0, "factor": 8}  # no text encoder: unet only
+    assert p["data"]["datasets"] == [{"path": str(tmp_path / "img")},
+                                     {"path": str(tmp_path / "reg"), "is_regularization": True}]
+    assert p["prior"] == {"loss_weight": 0.5}
+    t = p["train"]
+    assert (t["loss"], t["huber_delta"], t["weight_decay"], t["scheduler"], t["scheduler_cycles"]) == \
+        ("huber", 0.2, 0.1, "cosine_with_restarts", 3)
+    assert t["warmup_steps"] == 50 and "optimizer" not in t  # a fraction of 500 steps; Lion: adamw, listed
+    assert p["sample"] == {"every": 100, "prompts": ["a sks dog on a beach"]}
+    assert p["logging"] == {"wandb": "my-loras"}
+    unmapped = dict(imported.unmapped)
+    assert {"optimizer_type = 'Lion'", "optimizer_args = 'd_coef=2'", "network_args = 'preset=attn-mlp'",
+            "multires_noise_iterations = 6"} <= set(unmapped)

@@ -154,11 +154,13 @@ def _model(take: Callable, imported: Imported, family: str, args: dict) -> None:
 def _network(take: Callable, imported: Imported, family: str, gui: bool) -> None:
     kind, module = take("LoRA_type"), take("network_module")
     args = take("network_args")
-    algo = ""
+    algo, factor_arg = "", None
     for item in args if isinstance(args, list) else str(args or "").split():
         name, _, value = str(item).partition("=")
         if name.strip() == "algo":
             algo = value.strip().lower()
+        elif name.strip() == "factor" and integer(value) is not None:
+            factor_arg = integer(value)
         elif is_set(item):
             imported.skip("network_args", item, "imagetune's adapters take lora.* keys only")
     kinds = {"Standard": "lora", "Flux1": "lora", "LyCORIS/LoKr": "lokr", "LyCORIS/LoHa": "loha"}
@@ -173,7 +175,7 @@ def _network(take: Callable, imported: Imported, family: str, gui: bool) -> None
         size = number(take(theirs))
         if size:
             imported.set(ours, int(size) if ours == "lora.rank" else size)
-    factor = integer(take("factor"))
+    factor = integer(take("factor")) if factor_arg is None else factor_arg  # the GUI's field, or LyCORIS' arg
     if lora_type == "lokr" and factor is not None:
         imported.set("lora.factor", factor)
     dropout = number(take("network_dropout"))
@@ -211,7 +213,7 @@ def _training(take: Callable, imported: Imported, family: str, args: dict) -> No
         if ours:
             imported.set("train.optimizer", ours)
         else:
-            imported.skip("optimizer", optimizer, "not an imagetune optimizer (adamw, adamw8bit, sgd, prodigy, "
+            imported.skip("optimizer" if "optimizer" in args else "optimizer_type", optimizer, "not an imagetune optimizer (adamw, adamw8bit, sgd, prodigy, "
                                                   "adafactor, adamw_schedulefree); adamw is used")
     _optimizer_args(take("optimizer_args"), imported)
     scheduler = take("lr_scheduler")
