@@ -37,7 +37,8 @@ WHY = {
 }
 # Not reported: how ai-toolkit runs or saves (imagetune decides these itself), and noise_scheduler, which is each
 # model's own objective in both (flowmatch for SD3/FLUX, ddpm for SD/SDXL).
-SILENT = {"noise_scheduler", "type", "training_folder", "device", "sqlite_db_path", "performance_log_every", "save_format", "dtype",
+SILENT = {"noise_scheduler", "type", "training_folder", "device", "sqlite_db_path", "performance_log_every",
+          "save_format", "dtype",
           "sampler", "sample_start_step", "skip_first_sample", "force_first_sample", "log_every", "use_ui_logger",
           "cache_latents_to_disk", "shrink_video_to_frames", "num_frames", "fps", "controls", "qtype", "qtype_te",
           "model_kwargs", "network_kwargs", "switch_boundary_every", "mask_min_value", "default_caption",

@@ -213,8 +213,9 @@ def _training(take: Callable, imported: Imported, family: str, args: dict) -> No
         if ours:
             imported.set("train.optimizer", ours)
         else:
-            imported.skip("optimizer" if "optimizer" in args else "optimizer_type", optimizer, "not an imagetune optimizer (adamw, adamw8bit, sgd, prodigy, "
-                                                  "adafactor, adamw_schedulefree); adamw is used")
+            theirs = "optimizer" if "optimizer" in args else "optimizer_type"
+            imported.skip(theirs, optimizer, "not an imagetune optimizer (adamw, adamw8bit, sgd, prodigy, adafactor, "
+                                             "adamw_schedulefree); adamw is used")
     _optimizer_args(take("optimizer_args"), imported)
     scheduler = take("lr_scheduler")
     if is_set(scheduler):
