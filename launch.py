@@ -7,6 +7,7 @@
     python launch.py --resume RUN_DIR [KEY=VALUE ...]  continue a run from its newest checkpoint
     python launch.py --import-kohya FILE.json|FILE.toml [--out P.yaml]   a preset from a kohya_ss / sd-scripts config
     python launch.py --import-ai-toolkit JOB.yaml [--out P.yaml]         a preset from an ai-toolkit job
+    python launch.py --push-to-hub RUN_DIR [REPO_ID]   upload a done run's outputs and model card to the Hub
 
 Exit status: 0 when the run is done or was stopped, 1 when it failed, 2 for a mistake in the command line or
 the preset (reported as one paragraph, no traceback), 130 when interrupted before the run started.
@@ -39,6 +40,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     bring.add_argument("--import-kohya", metavar="FILE", help="a kohya_ss GUI config (.json) or an sd-scripts "
                        "config (.toml, with the dataset config it names) -> an imagetune preset")
     bring.add_argument("--import-ai-toolkit", metavar="JOB", help="an ai-toolkit job file (.yaml) -> a preset")
+    p.add_argument("--push-to-hub", nargs="+", metavar=("RUN_DIR", "REPO_ID"),
+                   help="upload a done run's outputs, last samples and model card to a Hub repo (default: the run's "
+                        "output.push_to_hub); the token from HF_TOKEN")
     bring.add_argument("--out", metavar="P.yaml", help="where to write the imported preset (default: "
                        "<name>.imagetune.yaml in the current folder)")
     ui = p.add_argument_group("web UI")
@@ -65,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError("--dry-run needs --preset: it shows what a preset would do without creating anything.")
         if args.import_kohya or args.import_ai_toolkit:
             return import_headless(args)
+        if args.push_to_hub:
+            return push_headless(args)
         if args.out:
             raise UserError("--out names where an imported preset goes: use it with --import-kohya or "
                             "--import-ai-toolkit.")
@@ -149,6 +155,39 @@ def import_headless(args) -> int:
         print(f"then: python launch.py --preset {result.out} --dry-run")
     else:
         print(f"ready: python launch.py --preset {result.out} --dry-run")
+    return 0
+
+
+def push_headless(args) -> int:
+    """A done run to the Hub after the fact: it was trained without output.push_to_hub, or its upload failed."""
+
+    from trainer.core.config.load import load_config
+    from trainer.core.events import final_event, read_events
+    from trainer.core.hub import push_outputs
+    from trainer.core.runfolder import RunFolder
+
+    if len(args.push_to_hub) > 2 or args.preset or args.resume or args.overrides:
+        raise UserError("--push-to-hub takes a run folder and, optionally, a repo id: "
+                        "python launch.py --push-to-hub runs/<name> [user/name].")
+    run_dir = Path(args.push_to_hub[0]).expanduser().resolve()
+    folder = RunFolder(run_dir)
+    final = final_event(read_events(run_dir)) if folder.config.is_file() else None
+    if final is None or final["type"] != "done":
+        raise UserError(f"--push-to-hub: {run_dir} is not a done run (its events.jsonl ends without `done`); only a "
+                        "finished run's outputs are uploaded.")
+    repo = args.push_to_hub[1] if len(args.push_to_hub) == 2 else None
+    config = load_config(folder.config, [f"output.push_to_hub={repo}"] if repo else [], check_paths=False)
+    if not config.output.push_to_hub:
+        raise UserError("--push-to-hub: name the repo (python launch.py --push-to-hub RUN_DIR user/name): the run "
+                        "has no output.push_to_hub.")
+    print(f"uploading {folder.output} to {config.output.push_to_hub}", flush=True)
+    try:
+        url = push_outputs(config, run_dir, int(final.get("step") or 0))
+    except Exception as exc:  # huggingface_hub's errors: rights, network; the first line says which
+        raise UserError(f"--push-to-hub: uploading to {config.output.push_to_hub} failed ({type(exc).__name__}: "
+                        f"{(str(exc).strip().splitlines() or [''])[0][:300]}). Check HF_TOKEN (a write token) and "
+                        "the repo id.") from None
+    print(f"uploaded: {url}")
     return 0
 
 

@@ -72,6 +72,26 @@ def test_a_refused_upload_is_a_warning_and_the_run_stays_done(tmp_path):
     assert "someone-else/their-repo" in warning and "403" in warning and "output/" in warning
     assert (run_dir / "output" / "pytorch_lora_weights.safetensors").is_file()
     assert TOKEN.encode() not in _everything_written(run_dir, result)
+    assert f"python launch.py --push-to-hub {run_dir}" in warning
+    # Fixed (here: a Hub that accepts it), the done run is uploaded from its folder, to the repo named now.
+    with FakeHub() as hub:
+        env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_TOKEN": TOKEN, "HF_HUB_OFFLINE": "0"}
+        pushed = subprocess.run([sys.executable, str(REPO / "launch.py"), "--push-to-hub", str(run_dir), "me/mine"],
+                                env=env, capture_output=True, text=True, timeout=120)
+    assert pushed.returncode == 0 and f"uploaded: {hub.url}/me/mine" in pushed.stdout, pushed.stderr
+    assert hub.repos["me/mine"]["files"]["pytorch_lora_weights.safetensors"] == \
+        (run_dir / "output" / "pytorch_lora_weights.safetensors").read_bytes()
+    assert "| steps | 1 |" in hub.repos["me/mine"]["files"]["README.md"].decode()
+
+
+def test_only_a_done_run_is_pushed_after_the_fact(tmp_path):
+    (tmp_path / "running").mkdir()
+    (tmp_path / "running" / "config.yaml").write_text("name: running\n")
+    (tmp_path / "running" / "events.jsonl").write_text('{"type": "plan", "time": 1}\n')
+    for folder in ("running", "nowhere"):
+        result = subprocess.run([sys.executable, str(REPO / "launch.py"), "--push-to-hub", str(tmp_path / folder),
+                                 "me/x"], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2 and "is not a done run" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_a_bad_repo_id_a_missing_token_and_detection_are_refused_before_training(monkeypatch, tmp_path):

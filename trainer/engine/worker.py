@@ -261,7 +261,7 @@ def _push_to_hub(run, events) -> str | None:
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         events.emit("warning", message=f"output.push_to_hub: uploading to {repo} failed ({type(exc).__name__}: "
                                        f"{first}); the outputs are in output/. Check HF_TOKEN (a write token) and "
-                                       "the repo id.")
+                                       f"the repo id, then: python launch.py --push-to-hub {run.run_dir}")
         return None
 
 
