@@ -160,7 +160,6 @@ def import_headless(args) -> int:
 
 def push_headless(args) -> int:
     """A done run to the Hub after the fact: it was trained without output.push_to_hub, or its upload failed."""
-
     from trainer.core.config.load import load_config
     from trainer.core.events import final_event, read_events
     from trainer.core.hub import push_outputs
