@@ -26,8 +26,9 @@ ARG TORCHVISION_VERSION=0.29.1
 # torch 2.14 its kernels do not load), and torch's own scaled_dot_product_attention already uses FlashAttention /
 # memory-efficient kernels (the plan's `sdpa`). Set it only together with the torch it was built for (see above).
 ARG XFORMERS_VERSION=""
-# Extras of pyproject.toml to install (comma-separated), e.g. ui,bnb
-ARG EXTRAS=ui
+# Extras of pyproject.toml to install (comma-separated), e.g. ui,nf4,bnb. The default serves the web UI and every
+# shipped preset (nf4: presets/flux-dev-lora-12gb.yaml's base weights); tests/test_docker.py holds it to that.
+ARG EXTRAS=ui,nf4
 
 ARG DEBIAN_FRONTEND=noninteractive
 ENV PYTHONUNBUFFERED=1 \

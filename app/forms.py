@@ -10,6 +10,7 @@ Nothing here imports gradio.
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import MISSING, dataclass, is_dataclass
 from typing import Any
@@ -180,7 +181,10 @@ def to_widget(spec: FieldSpec, value: Any) -> Any:
     if spec.kind == "bool":
         return bool(value)
     if spec.kind == "int":
-        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        # A number the browser's widget can hold exactly: a larger int broke Gradio's event stream ("Integer exceeds
+        # 64-bit range") and inf/nan its JSON. The field then shows empty, its problem named beside it.
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return value if number and math.isfinite(value) and abs(value) <= 2**53 else None
     if spec.kind == "choice":
         return value
     if spec.kind == "tristate":

@@ -5,7 +5,10 @@
   sent to) and those the user lists (--allowed-origin, IMAGETUNE_ALLOWED_ORIGINS), e.g. a proxy's.
 - Served on a loopback address, the Host header must name this machine (DNS rebinding: a site whose name
   resolves to 127.0.0.1 would otherwise be "same origin" with the UI).
-- Failed logins back off exponentially per client address (429 with Retry-After); the clock is injected.
+- Failed logins back off exponentially per client and user name (429 with Retry-After); the clock is injected.
+  The client is the connecting address, or, when that address is a proxy the operator trusts
+  (IMAGETUNE_TRUSTED_PROXIES), the address that proxy forwarded in X-Forwarded-For: behind a shared proxy every
+  visitor has the proxy's address, and one wrong guess locked the owner out too (issue 29).
 - The login cookie is SameSite=Lax (Gradio sets None, which sends it along with other sites' requests).
 
 Pure functions and a small ASGI wrapper; `install` puts it outside Gradio's whole middleware stack, so it sees
@@ -20,11 +23,13 @@ import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from trainer.errors import UserError
 
 ORIGINS_ENV = "IMAGETUNE_ALLOWED_ORIGINS"
+PROXIES_ENV = "IMAGETUNE_TRUSTED_PROXIES"
+LOGIN_BODY_MAX = 64 * 1024  # a login form is a few dozen bytes; the guard reads it whole to learn the user name
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -113,10 +118,53 @@ class OriginPolicy:
         return f"Origin {origin!r} is not this UI's (allow it with --allowed-origin)"
 
 
+Networks = tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
+
+
+def trusted_proxies(text: str | None = None, environ=None) -> Networks:
+    """The proxies whose X-Forwarded-For is believed: addresses or networks, comma-separated (PROXIES_ENV)."""
+    import os
+
+    if text is None:
+        text = (os.environ if environ is None else environ).get(PROXIES_ENV, "")
+    networks = []
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        try:
+            networks.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise UserError(f"{PROXIES_ENV}: {item!r} is not an address or a network; list the proxies in front "
+                            "of the UI as addresses or CIDR networks, comma-separated (e.g. 10.0.0.0/8)") from None
+    return tuple(networks)
+
+
+def _trusted(addr: str, proxies: Networks) -> bool:
+    try:
+        ip = ipaddress.ip_address(addr.strip().strip("[]"))
+    except ValueError:
+        return False
+    return any(ip in net for net in proxies)
+
+
+def client_address(peer: str, forwarded_for: str | None, proxies: Networks) -> str:
+    """Who sent the request: the peer, unless it is a trusted proxy; then X-Forwarded-For read from the right
+    (each proxy appends the address it was reached from) to the first address no trusted proxy has. A header sent
+    by anyone else is ignored: it could name any address, a fresh back-off each time."""
+    if not _trusted(peer, proxies):
+        return peer
+    addr = peer
+    for hop in reversed([h.strip() for h in (forwarded_for or "").split(",") if h.strip()]):
+        addr = hop[:64]  # a client's own entries can be any text: keep the key small
+        if not _trusted(hop, proxies):
+            break
+    return addr
+
+
 @dataclass
 class LoginThrottle:
-    """Exponential back-off of failed logins per client address: after n failures in a row, the next attempt is
-    refused for base * 2^(n-1) seconds (at most cap). A success forgets the address."""
+    """Exponential back-off of failed logins per key (the guard's key: client and user name): after n failures in
+    a row, the next attempt is refused for base * 2^(n-1) seconds (at most cap). A success forgets the key."""
 
     clock: Callable[[], float] = time.monotonic
     base: float = 1.0
@@ -150,8 +198,8 @@ def lax_cookie(value: bytes) -> bytes:
 class Guard:
     """ASGI wrapper applying OriginPolicy, LoginThrottle and SameSite=Lax around `app`."""
 
-    def __init__(self, app, policy: OriginPolicy, throttle: LoginThrottle):
-        self.app, self.policy, self.throttle = app, policy, throttle
+    def __init__(self, app, policy: OriginPolicy, throttle: LoginThrottle, proxies: Networks = ()):
+        self.app, self.policy, self.throttle, self.proxies = app, policy, throttle, proxies
 
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket"):
@@ -166,10 +214,20 @@ class Guard:
             return await _respond(send, 403, problem)
         login = scope["type"] == "http" and scope.get("method") == "POST" and \
             scope.get("path", "").rstrip("/").endswith("/login")
-        addr = (scope.get("client") or ("?",))[0]
-        if login and (wait := self.throttle.wait_s(addr)) > 0:
-            return await _respond(send, 429, f"Too many failed logins; try again in {wait:.0f} s.",
-                                  [(b"retry-after", str(max(1, round(wait))).encode())])
+        addr = ""
+        if login:
+            body, receive = await _read_body(receive)
+            if body is None:
+                return await _respond(send, 413, "A login form is a user name and a password, nothing larger.")
+            user = (parse_qs(body.decode("latin-1")).get("username") or [""])[0][:256]
+            client = client_address((scope.get("client") or ("?",))[0], headers.get("x-forwarded-for"),
+                                    self.proxies)
+            # Per client *and* user name: guesses at one name slow down that name from that client only, so
+            # neither a visitor behind the same proxy nor one guessing another name locks the owner out.
+            addr = json.dumps([client, user])
+            if (wait := self.throttle.wait_s(addr)) > 0:
+                return await _respond(send, 429, f"Too many failed logins; try again in {wait:.0f} s.",
+                                      [(b"retry-after", str(max(1, round(wait))).encode())])
         status = []
 
         async def guarded_send(message):
@@ -187,6 +245,29 @@ class Guard:
                 self.throttle.failed(addr)
 
 
+async def _read_body(receive):
+    """(the request's whole body, a `receive` that hands it on to the app), or (None, _) past LOGIN_BODY_MAX."""
+    chunks, size, more = [], 0, True
+    while more:
+        message = await receive()
+        if message["type"] != "http.request":
+            break  # the client went away; the app sees an empty body
+        chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
+        if size > LOGIN_BODY_MAX:
+            return None, receive
+        more = message.get("more_body", False)
+    body, sent = b"".join(chunks), []
+
+    async def replay():
+        if not sent:
+            sent.append(True)
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return body, replay
+
+
 async def _respond(send, code: int, detail: str, extra: list | None = None) -> None:
     body = json.dumps({"detail": detail}).encode()
     await send({"type": "http.response.start", "status": code,
@@ -195,14 +276,14 @@ async def _respond(send, code: int, detail: str, extra: list | None = None) -> N
     await send({"type": "http.response.body", "body": body})
 
 
-def install(policy: OriginPolicy, throttle: LoginThrottle) -> None:
+def install(policy: OriginPolicy, throttle: LoginThrottle, proxies: Networks = ()) -> None:
     """Wrap every Gradio app this process builds (there is one) in a Guard, before it serves its first request."""
     from gradio.routes import App
 
     original = getattr(App.build_middleware_stack, "_unguarded", App.build_middleware_stack)
 
     def build_middleware_stack(self):
-        return Guard(original(self), policy, throttle)
+        return Guard(original(self), policy, throttle, proxies)
 
     # A marker on the function (installing twice wraps once), and a patch of Gradio's method: both untypeable.
     build_middleware_stack._unguarded = original  # type: ignore[attr-defined]

@@ -19,6 +19,7 @@ from pathlib import Path
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # nothing phones home
 
 from app.security import Workspace, auth_from_env, check_exposure, login_for
+from trainer.core.data.confine import set_confinement
 from trainer.errors import UserError
 
 MAX_UPLOAD = "20mb"  # nothing in the UI takes uploads; a limit keeps Gradio's upload route from filling the disk
@@ -64,12 +65,16 @@ def main(host: str = "127.0.0.1", port: int = 7860, auth: tuple[str, str] | None
                                                                                          flush=True))
     os.environ.pop("IMAGETUNE_AUTH", None)  # runs started from the UI inherit its environment; not the password
     check_exposure(host, share, auth, insecure)
-    ws = Workspace.for_server(host, share, workspace)
+    ws = Workspace.for_server(host, share, workspace, runs_dir=runs_dir)
     check_runs_dir(runs_dir, ws.root)
+    if ws.confined:
+        # Dataset scans (the Dataset check here, the workers of the runs started from here) skip every file whose
+        # symlinks lead out of these folders: confining data.path alone let a linked sub-folder be read.
+        set_confinement([ws.root, runs_dir])
     from app import guard
 
     policy = guard.OriginPolicy.build(host, allowed_origins)
-    guard.install(policy, guard.LoginThrottle(clock) if clock else guard.LoginThrottle())
+    guard.install(policy, guard.LoginThrottle(clock) if clock else guard.LoginThrottle(), guard.trusted_proxies())
     from app.ui import CSS_PATH, THEME, build_ui, make_context
 
     ctx = make_context(runs_dir, home, ws)

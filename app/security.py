@@ -5,8 +5,10 @@
 - The login may come from `--auth user:password` or, for containers, the IMAGETUNE_AUTH environment variable.
 - When the UI is exposed, every path a run would read or write must lie inside the workspace root
   (IMAGETUNE_WORKSPACE, default: the current folder), checked on the built config (after overrides, symlinks
-  followed) and on what a dataset descriptor (YOLO data.yaml, COCO json) points to; hub ids and `demo://` assets
-  are not paths. Multi-node (a torchrun that connects to a user-chosen address) is refused; it stays a CLI feature.
+  followed) and on what a dataset descriptor (YOLO data.yaml, COCO json) points to; `demo://` assets and, in the
+  model keys only, hub ids are not paths. A path that does not exist yet is resolved and checked all the same, and
+  the shipped demo assets' resolved paths (a demo run's config.yaml) are trusted by name where a run only reads.
+  The files inside a dataset are confined by trainer.core.data.confine (IMAGETUNE_CONFINE, set by app.main). Multi-node (a torchrun that connects to a user-chosen address) is refused; it stays a CLI feature.
 - An exposed login needs a password of at least MIN_PASSWORD characters (unless --insecure).
 """
 
@@ -17,7 +19,8 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.core.config.validate import DEMO_SCHEME, is_hub_id
+from trainer.core.assets import demo_asset_name
+from trainer.core.config.validate import DEMO_SCHEME, hub_id_at
 from trainer.errors import UserError
 from trainer.families import SPECS
 from trainer.families.spec import load_object
@@ -29,6 +32,7 @@ WORKSPACE_ENV = "IMAGETUNE_WORKSPACE"
 # The config keys that name files or folders on this machine, in any family (each family's spec says which are
 # paths for it: for detection, model.path names an architecture).
 PATH_KEYS = tuple(dict.fromkeys(key for spec in SPECS.values() for key in spec.path_keys))
+WRITTEN_KEYS = ("prior.class_path",)  # path keys a run writes into: a demo asset is never trusted there
 
 
 def parse_auth(text: str, source: str = "--auth") -> tuple[str, str]:
@@ -90,11 +94,14 @@ class Workspace:
 
     root: Path
     confined: bool = False
+    runs_dir: Path | None = None  # where the demo assets are built (.demo/), trusted by name like the shipped ones
 
     @classmethod
-    def for_server(cls, host: str, share: bool, root: str | Path | None = None, environ=os.environ) -> Workspace:
+    def for_server(cls, host: str, share: bool, root: str | Path | None = None, environ=os.environ,
+                   runs_dir: str | Path | None = None) -> Workspace:
         base = root or environ.get(WORKSPACE_ENV) or Path.cwd()
-        return cls(Path(base).expanduser().resolve(), confined=is_exposed(host, share))
+        runs = Path(runs_dir).expanduser().resolve() if runs_dir is not None else None
+        return cls(Path(base).expanduser().resolve(), confined=is_exposed(host, share), runs_dir=runs)
 
     def resolve(self, text: str) -> Path:
         """The absolute path `text` names (relative paths are taken from the current folder, like the CLI)."""
@@ -109,10 +116,12 @@ class Workspace:
         """`"key: message"` when `text` is a local path outside the workspace (and the UI is exposed), else None."""
         if not self.confined or not isinstance(text, str) or not text.strip():
             return None
-        if text.startswith(DEMO_SCHEME) or is_hub_id(text):
-            return None
+        if text.startswith(DEMO_SCHEME) or hub_id_at(key, text):
+            return None  # only a model key may name a hub id; every other path is resolved and confined
         if self.contains(text):
             return None
+        if key not in WRITTEN_KEYS and demo_asset_name(self.resolve(text), self.runs_dir):
+            return None  # a shipped demo asset (a demo run's config.yaml holds its resolved path): read, never written
         return (f"{key}: '{text}' is outside the workspace {self.root}; this UI is reachable from other machines, "
                 f"so it only uses files under that folder")
 

@@ -15,6 +15,8 @@ Environment (all optional; without a login the web UI makes one at start and pri
     IMAGETUNE_PORT (7860), IMAGETUNE_HOST (0.0.0.0)
     IMAGETUNE_ALLOWED_ORIGINS                 origins besides the UI's own whose pages may call it (comma-separated);
                                               on RunPod (RUNPOD_POD_ID set) its proxy's origin is added
+    IMAGETUNE_TRUSTED_PROXIES                 proxies whose X-Forwarded-For names the client for the login
+                                              back-off (addresses or networks); on RunPod, its private networks
     IMAGETUNE_WORKSPACE (/workspace)          everything kept: runs/, datasets/, imagetune/ (IMAGETUNE_HOME, user
                                               presets in its presets/), hf-cache/ (HF_HOME)
     IMAGETUNE_UID[:GID] / IMAGETUNE_GID       whom to run as (default: the owner of the workspace, see below)
@@ -50,6 +52,10 @@ DEFAULT_WORKSPACE = "/workspace"
 DEFAULT_PORT = "7860"
 HEADLESS_FLAGS = ("--preset", "--resume", "--dry-run", "--help", "-h")
 TRUE = ("1", "true", "yes", "on")
+# The networks RunPod's HTTP proxy can reach a pod from (private and carrier-grade NAT ranges; its exact addresses
+# are not published). Whoever connects from these ranges directly may name any client in X-Forwarded-For: the
+# README's Security section says what that allows (a fresh login back-off, never a way past the password).
+RUNPOD_PROXIES = "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,100.64.0.0/10"
 
 
 class Refusal(Exception):
@@ -189,6 +195,10 @@ def plan(args: list[str], env: dict[str, str]) -> Plan:
         proxy = f"https://{pod}-{ui_port(args, env)}.proxy.runpod.net"
         listed = [o for o in env.get("IMAGETUNE_ALLOWED_ORIGINS", "").split(",") if o.strip()]
         extra_env["IMAGETUNE_ALLOWED_ORIGINS"] = ",".join(listed + [proxy])
+        # RunPod's proxy reaches the pod from its private network and appends each visitor's address to
+        # X-Forwarded-For: believed from there, the login back-off is per visitor, not one for everybody.
+        if not env.get("IMAGETUNE_TRUSTED_PROXIES", "").strip():
+            extra_env["IMAGETUNE_TRUSTED_PROXIES"] = RUNPOD_PROXIES
     return Plan("ui", argv + list(args), login=(login or "").partition(":")[0] or None, env=extra_env)
 
 

@@ -4,7 +4,8 @@
 
 It follows the worker contract: reads RUN_DIR/plan.json and config.yaml, global rank 0 writes progress /
 checkpoint events and exactly one final event, it stops (checkpoint, `stopped`) on RUN_DIR/STOP or
-SIGTERM/SIGINT, agreeing on the step through an all-reduce. Every rank records what it saw in
+SIGTERM/SIGINT, agreeing on the step through an all-reduce, and each rank keeps the real worker's heartbeat
+(trainer.engine.heartbeat) so the launcher's stall watch sees it as it sees a real run. Every rank records what it saw in
 RUN_DIR/fake_ranks/<rank>.json (world size, node), so tests can check the rank layout.
 
 Environment knobs:
@@ -29,6 +30,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from trainer.core.events import EventLog
+from trainer.engine.heartbeat import Heartbeat
 
 
 def main() -> int:
@@ -62,6 +64,7 @@ def main() -> int:
     log = EventLog(run_dir) if rank == 0 else None
 
     step = int(re.search(r"(\d+)$", args.resume.name).group(1)) if args.resume else 0
+    heartbeat = Heartbeat(run_dir, rank, lambda: f"step {step + 1}").start(step)
     start = time.time()
     while step < steps:
         if rank == int(crash_rank) and step == int(crash_step):
@@ -76,6 +79,7 @@ def main() -> int:
         dist.all_reduce(t)
         assert t[0].item() == world * (world - 1) / 2
         step += 1
+        heartbeat.stepped(step)
         stopping = t[1].item() > 0
         if log:
             rate = step / max(time.time() - start, 1e-6)

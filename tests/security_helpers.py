@@ -19,12 +19,14 @@ def image_folder(path: Path, count: int = 2) -> Path:
     return path
 
 
-def lora_config(data: Path, **extra):
-    """A small SD LoRA config on `data`, its model an empty folder beside it (nothing is loaded by these tests)."""
+def lora_config(data: Path, model: Path | None = None, **extra):
+    """A small SD LoRA config on `data`, its model an empty folder beside it unless given (nothing is loaded by
+    these tests)."""
     from trainer.core.config import load_config
 
-    model = Path(data).parent / "model"
-    model.mkdir(parents=True, exist_ok=True)
+    if model is None:
+        model = Path(data).parent / "model"
+        model.mkdir(parents=True, exist_ok=True)
     preset = {"name": "victim", "model": {"path": str(model)}, "data": {"path": str(data), "resolution": 64},
               "devices": "cpu:1", "batch": {"total": 2, "per_device": 2}, "train": {"steps": 4}}
     for key, value in extra.items():
@@ -36,14 +38,14 @@ def lora_config(data: Path, **extra):
     return load_config(preset)
 
 
-def stopped_run(runs_dir: Path, data: Path, name: str = "victim") -> Path:
+def stopped_run(runs_dir: Path, data: Path, name: str = "victim", model: Path | None = None) -> Path:
     """A run folder that stopped at step 1 with a complete checkpoint: what Resume continues."""
     from trainer.core.config import to_yaml
 
     run = runs_dir / name
     (run / "checkpoints" / "step-000001").mkdir(parents=True)
     (run / "checkpoints" / "step-000001" / "COMPLETE").write_text(json.dumps({"step": 1}))
-    (run / "config.yaml").write_text(to_yaml(lora_config(data, name=name)))
+    (run / "config.yaml").write_text(to_yaml(lora_config(data, model, name=name)))
     (run / "plan.json").write_text(json.dumps({"total": 2}))
     events = [PLAN_EVENT, {"type": "stopped", "step": 1, "checkpoint": "checkpoints/step-000001"}]
     (run / "events.jsonl").write_text("".join(json.dumps({"time": 1.7e9 + i, **e}) + "\n" for i, e in enumerate(events)))

@@ -47,6 +47,7 @@ echo "home=$HOME"
 echo "auth=$IMAGETUNE_AUTH"
 echo "password=$IMAGETUNE_PASSWORD"
 echo "origins=$IMAGETUNE_ALLOWED_ORIGINS"
+echo "proxies=$IMAGETUNE_TRUSTED_PROXIES"
 echo "--"
 for a in "$@"; do printf '%s\\n' "$a"; done
 """
@@ -166,10 +167,30 @@ def test_dockerfile_has_the_template_pieces():
     assert copies[0].startswith("pyproject.toml") and copies[-1] == ". ."
 
 
+def image_extras() -> list[str]:
+    return [extra for extra in arg_defaults()["EXTRAS"].split(",") if extra]
+
+
 def pyproject_requirements() -> dict[str, Requirement]:
+    """What the image installs: the core dependencies and those of its default extras."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    reqs = [Requirement(r) for r in project["dependencies"] + project["optional-dependencies"]["ui"]]
+    extras = project["optional-dependencies"]
+    reqs = [Requirement(r) for r in project["dependencies"] + [r for e in image_extras() for r in extras[e]]]
     return {r.name.lower(): r for r in reqs}
+
+
+def test_the_image_installs_every_package_a_shipped_preset_needs():
+    """A preset whose keys need an optional extra (model.base_weights: nf4 needs torchao, ...) runs in the image
+    only if the Dockerfile's EXTRAS install it; the core dependencies cover the rest (trainer/core/config/extras.py)."""
+    from trainer.core.config import load_config
+    from trainer.core.config.extras import extras_needed
+
+    presets = sorted((REPO / "presets").glob("*.yaml"))
+    needs = {p.name: extras_needed(load_config(p, [], check_paths=False)) for p in presets}
+    assert any(needs.values()), "no shipped preset needs an extra: this test would check nothing"
+    missing = {name: f"{why} needs the `{extra}` extra" for name, need in needs.items()
+               for extra, why in need.items() if extra not in image_extras()}
+    assert not missing, f"the Dockerfile's EXTRAS ({','.join(image_extras())}) leave out: {missing}"
 
 
 def test_torch_pins_match_pyproject_and_cuda():
@@ -261,8 +282,12 @@ def test_runpods_proxy_origin_is_allowed(sandbox):
     _, info, _, _, _ = run_entrypoint([], root / "ws", stub, IMAGETUNE_AUTH="me:pw", RUNPOD_POD_ID="abc123",
                                       IMAGETUNE_ALLOWED_ORIGINS="https://mine.example")
     assert info["origins"] == "https://mine.example,https://abc123-7860.proxy.runpod.net"
+    assert "10.0.0.0/8" in info["proxies"]  # its X-Forwarded-For names the visitor for the login back-off
+    _, info, _, _, _ = run_entrypoint([], root / "ws", stub, IMAGETUNE_AUTH="me:pw", RUNPOD_POD_ID="abc123",
+                                      IMAGETUNE_TRUSTED_PROXIES="10.9.9.9")
+    assert info["proxies"] == "10.9.9.9"  # the operator's list wins
     _, info, _, _, _ = run_entrypoint([], root / "ws", stub, IMAGETUNE_AUTH="me:pw")
-    assert info["origins"] == ""
+    assert info["origins"] == "" and info["proxies"] == ""
 
 
 def test_ui_with_username_and_password_variables(sandbox):

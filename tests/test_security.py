@@ -19,12 +19,15 @@ import pytest
 
 from tests.browser_helpers import free_port
 from tests.security_helpers import MALFORMED, image_folder, malformed_runs, stopped_run
+from trainer.families.sd.demo import SHIPPED_MODEL
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.2"
 PASSWORD = "correct-horse-battery-staple"
 SECRET = "s3cret-" + secrets.token_hex(8)
+OUTSIDE_CAPTION = "caption-from-outside-" + secrets.token_hex(4)
+PROXY = "127.0.0.5"  # the shared proxy in front of the UI (IMAGETUNE_TRUSTED_PROXIES)
 
 
 def tree(path: Path) -> dict[str, int]:
@@ -43,9 +46,20 @@ class UI:
         (self.ws / "yolo").mkdir()
         (self.ws / "yolo" / "data.yaml").write_text(f"train: {self.outside}\nnames: [thing]\n")
         self.victim = stopped_run(self.runs, self.ws / "data")
+        # A demo run: its config.yaml holds the resolved demo://tiny-sd, the model shipped inside the package.
+        self.demo_run = stopped_run(self.runs, self.ws / "data", "demo-run", model=SHIPPED_MODEL)
+        # A kohya dataset whose sub-folder links out, one caption linking out; a dataset made only of a link.
+        (self.outside / "caption.txt").write_text(OUTSIDE_CAPTION)
+        image_folder(self.ws / "kohya" / "5_own")
+        (self.ws / "kohya" / "10_linked").symlink_to(self.outside)
+        (self.ws / "kohya" / "5_own" / "img1.txt").unlink()
+        (self.ws / "kohya" / "5_own" / "img1.txt").symlink_to(self.outside / "caption.txt")
+        (self.ws / "only-links").mkdir()
+        (self.ws / "only-links" / "10_linked").symlink_to(self.outside)
         malformed_runs(self.runs)
         self.before = {"outside": tree(self.outside), "root": sorted(p.name for p in root.iterdir())}
         env = {**os.environ, "IMAGETUNE_AUTH": f"admin:{PASSWORD}", "IMAGETUNE_WORKSPACE": str(self.ws),
+               "IMAGETUNE_TRUSTED_PROXIES": PROXY,
                "IMAGETUNE_HOME": str(self.ws / "home"), "SECRET_TOKEN": SECRET, "HF_HUB_OFFLINE": "1",
                "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
         self.log = open(root / "ui.log", "wb")
@@ -140,8 +154,9 @@ def test_interpolation_typed_into_the_ui_is_refused_at_its_field(ui):
     assert runs_now(ui) == before
 
 
-@pytest.mark.parametrize("case", ["data-outside", "data-symlink", "class-images", "detection-weights",
-                                  "detection-images", "detection-val", "yolo-descriptor"])
+@pytest.mark.parametrize("case", ["data-outside", "data-symlink", "class-images", "class-images-created-via-link",
+                                  "masks-via-link", "detection-weights", "detection-images", "detection-val",
+                                  "yolo-descriptor"])
 def test_paths_outside_the_workspace_are_refused(ui, case):
     out = str(ui.outside)
     detection = dict(model__family="detection", model__path="fcos_tiny", method="full", detection__weights="none")
@@ -149,6 +164,10 @@ def test_paths_outside_the_workspace_are_refused(ui, case):
         "data-outside": dict(data__path=out),
         "data-symlink": dict(data__path=str(ui.ws / "escape")),
         "class-images": dict(prior__enabled=True, prior__class_path=out + "/class", prior__class_prompt="a dog"),
+        # Relative, one slash, not there yet (the run makes it): it once passed as a hub id and was written to.
+        "class-images-created-via-link": dict(prior__enabled=True, prior__class_path="escape/created",
+                                              prior__class_prompt="a dog"),
+        "masks-via-link": dict(data__masks="escape/masks"),
         "detection-weights": {**detection, "detection__weights": out + "/w.safetensors"},
         "detection-images": {**detection, "detection__images": out},
         "detection-val": {**detection, "detection__val_path": out + "/val.json"},
@@ -225,3 +244,66 @@ def test_failed_logins_back_off(ui):
     second = attacker.post(ui.url + "/login", data={"username": "admin", "password": PASSWORD})
     assert second.status_code == 429 and int(second.headers["retry-after"]) >= 1 and "set-cookie" not in second.headers
     assert httpx.post(ui.url + "/login", data={"username": "admin", "password": PASSWORD}).status_code == 200
+
+
+def test_dataset_files_linking_out_of_the_workspace_are_not_read(ui):
+    """A kohya sub-folder and a caption inside the workspace that link outside: the Dataset check neither counts,
+    shows nor reads them, and a dataset made only of such links does not start."""
+    answer = ui.call(ui.gradio, str(ui.ws / "kohya"), "", ".txt", 512, api_name="/check_dataset")
+    assert "10_linked/: links outside the workspace" in answer and "| 10_linked |" not in answer, answer
+    assert "| 5_own | 5 | 2 |" in answer and "img1.txt links outside the workspace" in answer
+    assert OUTSIDE_CAPTION not in answer and str(ui.outside) not in answer
+    before = runs_now(ui)
+    _, started = start_with_yaml(ui, base_yaml(ui, data__path=str(ui.ws / "only-links")))
+    assert "Not started" in started and "no images" in started, started
+    assert runs_now(ui) == before
+
+
+def test_a_demo_run_can_be_resumed(ui):
+    """Its model lies in the package, outside the workspace: trusted as the shipped demo://tiny-sd."""
+    ui.call(ui.gradio, api_name="/runs")
+    answer = ui.call(ui.gradio, "demo-run", "", api_name="/resume")
+    assert "Resumed" in answer and "outside the workspace" not in answer and "msg-box error" not in answer, answer
+    # The same files under another name, where a run would write into them, stay refused.
+    _, started = start_with_yaml(ui, base_yaml(ui, prior__enabled=True, prior__class_path=str(SHIPPED_MODEL),
+                                               prior__class_prompt="a dog"))
+    assert "Not started" in started and "prior.class_path" in started and "outside the workspace" in started
+
+
+def test_numbers_no_setting_can_hold_are_named_at_their_field(ui):
+    """A 29-digit seed once cut the event stream (Integer exceeds 64-bit range); 1e400 answered nothing."""
+    before = runs_now(ui)
+    edited, started = start_with_yaml(ui, base_yaml(ui, seed=99999999999999999999999999999))
+    assert "<b>seed</b>: 999" in edited and "too large for a number setting" in edited, edited
+    assert "Not started" in started and "seed" in started
+    text = base_yaml(ui).replace("data:\n", "data:\n  resolution: 1e400\n", 1)
+    edited, started = start_with_yaml(ui, text)
+    assert "<b>data.resolution</b>: inf is not a finite number" in edited and "Not started" in started, edited
+    assert runs_now(ui) == before
+
+
+@pytest.mark.parametrize("key,value", [("train__steps", 10**12), ("data__resolution", 100000),
+                                       ("batch__total", 10**9), ("sample__images_per_prompt", 10**8)])
+def test_absurd_sizes_are_refused_naming_the_key(ui, key, value):
+    before = runs_now(ui)
+    _, started = start_with_yaml(ui, base_yaml(ui, **{key: value}))
+    assert "Not started" in started and f"{key.replace('__', '.')}</b>: {value} is more than" in started, started
+    assert runs_now(ui) == before
+
+
+def test_a_wrong_guess_behind_the_shared_proxy_does_not_lock_out_the_owner(ui):
+    """Everybody comes through the proxy's address; it names each visitor in X-Forwarded-For, which is believed
+    from the trusted proxy only. The back-off is per visitor and user name."""
+    proxy = httpx.Client(transport=httpx.HTTPTransport(local_address=PROXY))
+    attacker, owner = {"X-Forwarded-For": "203.0.113.9"}, {"X-Forwarded-For": "198.51.100.7"}
+    login = ui.url + "/login"
+    assert proxy.post(login, data={"username": "admin", "password": "guess"}, headers=attacker).status_code == 400
+    assert proxy.post(login, data={"username": "admin", "password": PASSWORD}, headers=attacker).status_code == 429
+    assert proxy.post(login, data={"username": "admin", "password": PASSWORD}, headers=owner).status_code == 200
+    # From an address that is not a trusted proxy the header is ignored: no fresh back-off per forged address.
+    direct = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.6"))
+    assert direct.post(login, data={"username": "admin", "password": "guess"}, headers=attacker).status_code == 400
+    forged = direct.post(login, data={"username": "admin", "password": "guess"}, headers=owner)
+    assert forged.status_code == 429
+    # The back-off is per user name too: guesses at `admin` do not slow down another name from that address.
+    assert direct.post(login, data={"username": "root", "password": "guess"}).status_code == 400

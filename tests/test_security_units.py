@@ -270,7 +270,8 @@ def test_start_run_records_the_pid_with_its_start_time(tmp_path, monkeypatch):
     from trainer.core import launcher, runlock
 
     me = os.getpid()
-    monkeypatch.setattr(launcher.subprocess, "Popen", lambda *a, **k: type("P", (), {"pid": me})())
+    # A stand-in Popen that has already exited (poll): the stall watch's thread then ends at its first look.
+    monkeypatch.setattr(launcher.subprocess, "Popen", lambda *a, **k: type("P", (), {"pid": me, "poll": lambda s: 0})())
     config = lora_config(image_folder(tmp_path / "data"))
     launcher.start_run(tmp_path, launcher.plan_for(config), config)
     assert (tmp_path / "launcher.pid").read_text() == f"{me} {runlock.start_time(me)}\n"
@@ -391,3 +392,75 @@ def test_ranks_exchange_tensors_and_json_not_pickles(tmp_path):
         got = json.loads((tmp_path / f"{rank}.json").read_text())
         assert got["metrics"] == {"map": 0.5, "per_class": {"a": None}} and got["x"] == [0.0, 1.0, 2.0]
         assert got["items"] == [[0, 0, [0, 0]], [10, 0, [1, 0]], [11, 1, [1, 1]]]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Issue 29: paths that are not model keys, links inside datasets, numbers, the client behind a proxy
+
+
+def test_only_model_keys_may_be_hub_ids_and_every_other_path_is_written_absolute(tmp_path, monkeypatch):
+    from trainer.core.assets import resolve_paths
+    from trainer.core.config.validate import hub_id_at
+
+    monkeypatch.chdir(tmp_path)
+    assert hub_id_at("model.path", "org/name") and not hub_id_at("prior.class_path", "org/name")
+    (tmp_path / "link").symlink_to(tmp_path)
+    assert not hub_id_at("model.path", "link/new")  # its first part is a folder here: a path, not a hub id
+    config = lora_config(image_folder(tmp_path / "data"), **{"prior.enabled": True, "prior.class_path": "class/dogs",
+                                                             "prior.class_prompt": "a dog"})
+    resolved = resolve_paths(config, tmp_path / "runs")
+    assert resolved.prior.class_path == str(tmp_path / "class" / "dogs")  # was left relative as a "hub id"
+
+
+def test_a_scan_confined_to_a_folder_skips_what_links_out(tmp_path, monkeypatch):
+    from trainer.core.data.confine import CONFINE_ENV
+    from trainer.core.data.scan import scan_dataset
+
+    ws, outside = tmp_path / "ws", image_folder(tmp_path / "outside")
+    image_folder(ws / "data" / "5_own")
+    (ws / "data" / "10_linked").symlink_to(outside)
+    (ws / "data" / "own.png").symlink_to(outside / "img0.png")
+    (ws / "data" / "own.txt").write_text("its caption is in the workspace")
+    assert scan_dataset(ws / "data").image_count == 5  # the command line follows links: a normal thing to have
+    monkeypatch.setenv(CONFINE_ENV, str(ws))
+    scan = scan_dataset(ws / "data")
+    assert scan.image_count == 2 and set(scan.folders) == {"5_own"}
+    assert any("10_linked/: links outside" in w for w in scan.warnings)
+    assert any("own.png: links outside" in w for w in scan.warnings)
+
+
+def test_the_client_behind_a_trusted_proxy_is_the_one_it_forwards():
+    from app.guard import client_address, trusted_proxies
+
+    proxies = trusted_proxies("10.0.0.0/8, 127.0.0.5")
+    assert client_address("127.0.0.5", "203.0.113.9", proxies) == "203.0.113.9"
+    # A client's own X-Forwarded-For entries come first; the proxy appends the address it saw, read from the right.
+    assert client_address("127.0.0.5", "198.51.100.7, 203.0.113.9, 10.1.2.3", proxies) == "203.0.113.9"
+    assert client_address("127.0.0.6", "198.51.100.7", proxies) == "127.0.0.6"  # not a proxy: header ignored
+    assert client_address("127.0.0.5", None, proxies) == "127.0.0.5"
+    with pytest.raises(UserError, match="IMAGETUNE_TRUSTED_PROXIES"):
+        trusted_proxies("10.0.0.0/8, runpod")
+
+
+def test_a_confined_yolo_scan_skips_images_and_labels_linking_out(tmp_path, monkeypatch):
+    from PIL import Image
+
+    from trainer.core.data.confine import CONFINE_ENV
+    from trainer.families.detection.data import scan_detection
+
+    ws, outside = tmp_path / "ws", tmp_path / "outside"
+    for folder in (ws / "set" / "images" / "train", ws / "set" / "labels" / "train", outside):
+        folder.mkdir(parents=True)
+    for name, color in (("own", "gray"), ("labelled-outside", "blue")):
+        Image.new("RGB", (64, 48), color).save(ws / "set" / "images" / "train" / f"{name}.jpg")
+    Image.new("RGB", (64, 48), "red").save(outside / "theirs.jpg")
+    (outside / "theirs.txt").write_text("0 0.5 0.5 0.2 0.2\n")
+    (ws / "set" / "images" / "train" / "theirs.jpg").symlink_to(outside / "theirs.jpg")
+    (ws / "set" / "labels" / "train" / "own.txt").write_text("0 0.5 0.5 0.2 0.2\n")
+    (ws / "set" / "labels" / "train" / "labelled-outside.txt").symlink_to(outside / "theirs.txt")
+    (ws / "set" / "data.yaml").write_text("path: .\ntrain: images/train\nnames: [thing]\n")
+    scan = scan_detection(str(ws / "set" / "data.yaml"))
+    assert len(scan.train + scan.val) == 3  # unconfined (the command line): links are followed
+    monkeypatch.setenv(CONFINE_ENV, str(ws))
+    scan = scan_detection(str(ws / "set" / "data.yaml"))
+    assert [Path(r.path).stem for r in scan.train + scan.val] == ["own"] and scan.counts["outside"] == 2

@@ -6,7 +6,10 @@ to resume from."""
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +17,7 @@ from tests.engine_helpers import engine_config
 from trainer.core.config import load_config
 from trainer.core.events import read_events
 from trainer.core.hardware import CPU_ONLY
-from trainer.core.launcher import prepare_run, start_run
+from trainer.core.launcher import kill_run, prepare_run, start_run
 from trainer.core.stall import StallWatch, read_beats
 from trainer.errors import ConfigError
 
@@ -107,3 +110,50 @@ def test_a_frozen_rank_is_warned_about_then_the_run_fails_naming_it(tmp_path, ti
     assert warnings and "frozen" in warnings[0] and f"rank 1 (pid {rank1.pid}" in warnings[0]
     assert final["type"] == "failed" and f"rank 1 (pid {rank1.pid}" in final["reason"]
     assert "checkpoints/" in final["reason"] and "--resume" in final["reason"]
+
+
+@pytest.mark.slow
+def test_a_headless_launch_watches_for_a_frozen_rank(tmp_path):
+    """The real command line (launch.py follows by polling, not through RunProcess.wait()): with rank 1 SIGSTOPped,
+    launch.py writes the `warning` naming it, then ends the run `failed` and exits 1. Before the watch ran in its
+    own thread, launch.py polled forever and neither event came."""
+    from PIL import Image
+
+    repo = Path(__file__).resolve().parents[1]
+    (tmp_path / "model").mkdir()
+    (tmp_path / "data").mkdir()
+    Image.new("RGB", (64, 64), "red").save(tmp_path / "data" / "red.png")
+    (tmp_path / "data" / "red.txt").write_text("a red square")
+    preset = tmp_path / "preset.yaml"
+    preset.write_text(json.dumps({"name": "cli", "model": {"path": str(tmp_path / "model")},
+                                  "data": {"path": str(tmp_path / "data")}}))
+    cmd = [sys.executable, str(repo / "launch.py"), "--preset", str(preset), "--runs-dir", "runs",
+           "--worker-module", "tests.fake_worker", "devices=cpu:2", "train.steps=100000", "checkpoint.every=2",
+           "distributed.stall_warning_s=12", "distributed.stall_timeout_s=20"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "FAKE_WORKER_STEP_S": "0.2"})
+    run_dir, rank1 = tmp_path / "runs" / "cli", None
+    try:
+        deadline = time.monotonic() + 120
+        while not any(e["type"] == "progress" and e["step"] >= 3 for e in read_events(run_dir)):  # past a checkpoint
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)  # polling the events file, not waiting out a race
+        rank1 = json.loads((run_dir / "fake_ranks" / "1.json").read_text())["pid"]
+        os.kill(rank1, signal.SIGSTOP)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+            kill_run(run_dir, grace_s=1)  # torchrun runs in its own session: killing launch.py leaves it
+        if rank1 is not None:
+            try:
+                os.kill(rank1, signal.SIGKILL)  # normally gone already: the launcher killed its tree
+            except ProcessLookupError:
+                pass
+    events = read_events(run_dir)
+    warnings = [e["message"] for e in events if e["type"] == "warning" and "No step for" in e["message"]]
+    assert warnings and f"rank 1 (pid {rank1}" in warnings[0], events
+    assert events[-1]["type"] == "failed" and f"rank 1 (pid {rank1}" in events[-1]["reason"]
+    assert "checkpoints/" in events[-1]["reason"] and "--resume" in events[-1]["reason"]
+    assert proc.returncode == 1 and "warning: No step for" in out and "failed: No step for" in err, (out, err)

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from trainer.core.config import Config
-from trainer.core.config.validate import DEMO_SCHEME, is_hub_id
+from trainer.core.config.validate import DEMO_SCHEME, hub_id_at
 from trainer.errors import UserError
 from trainer.families import demo_builders, spec_of
 
@@ -43,6 +43,21 @@ def demo_assets(root: Path, names=None) -> dict[str, Path]:
     return {name: Path(path) for name, path in json.loads(result.stdout.strip().splitlines()[-1]).items()}
 
 
+SHIPPED_DIR = Path(__file__).resolve().parents[1] / "assets"  # trainer/assets: demo assets in the package
+
+
+def demo_asset_name(path: str | os.PathLike, runs_dir: str | Path | None = None) -> str | None:
+    """The `demo://NAME` that `path` is once resolved (the shipped copy in the package, or the one built under the
+    runs folder's .demo/), else None. A resumed demo run's config.yaml holds the resolved path, which lies in the
+    package, outside any workspace; an exposed UI trusts it by this name, not by where it lies."""
+    real = os.path.realpath(path)
+    homes = [SHIPPED_DIR, *([Path(runs_dir).expanduser() / DEMO_DIR] if runs_dir is not None else [])]
+    for name in demo_builders():
+        if any(real == os.path.realpath(home / name) for home in homes if (home / name).exists()):
+            return name
+    return None
+
+
 def resolve_paths(config: Config, runs_dir: str | Path) -> Config:
     """A copy of `config` with `demo://NAME` built and resolved, and local paths made absolute, so that the
     run folder's config.yaml still means the same thing from another working directory (or on resume)."""
@@ -62,7 +77,7 @@ def resolve_paths(config: Config, runs_dir: str | Path) -> Config:
             _set(config, key, str(assets[name]))
     for key in spec.path_keys:
         value = _get(config, key)
-        if spec.is_path(key, value) and not value.startswith(DEMO_SCHEME) and not is_hub_id(value):
+        if spec.is_path(key, value) and not value.startswith(DEMO_SCHEME) and not hub_id_at(key, value):
             _set(config, key, str(Path(value).expanduser().resolve()))
     for i, entry in enumerate(config.data.datasets):  # data.datasets: each entry's folder, like data.path
         if entry.path.startswith(DEMO_SCHEME):

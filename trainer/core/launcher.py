@@ -223,7 +223,11 @@ STALL_POLL_S = 2.0  # how often a waiting launcher reads its ranks' heartbeats (
 @dataclass
 class RunProcess:
     """torchrun (or the one worker of a one-process run) started by `start_run`; `wait()` guarantees the run ends
-    with exactly one final event."""
+    with exactly one final event.
+
+    The stall watch runs in a thread of its own (`watch()`, started by start_run), not inside wait(): launch.py's
+    follow() polls, a UI thread waits, a node > 0 launcher only follows its own torchrun, and each of them once
+    missed the watch. Owned by the process object, it runs however (and whether) the run is followed."""
 
     run_dir: Path
     plan: Plan
@@ -237,6 +241,8 @@ class RunProcess:
     stalled: str | None = None  # why the stall watch ended the run
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _final: dict | None = field(default=None, repr=False)
+    _watcher: threading.Thread | None = field(default=None, repr=False)
+    _ended: threading.Event = field(default_factory=threading.Event, repr=False)
 
     @property
     def pid(self) -> int:
@@ -255,21 +261,32 @@ class RunProcess:
         self.killed = True
         kill_tree(self.process.pid, grace_s, self.process)
 
+    def watch(self) -> RunProcess:
+        """Start the stall watch (once): a daemon thread that reads the ranks' heartbeats every STALL_POLL_S while
+        the process lives, emits the `warning` and, past the timeout, kills the run (wait() then writes `failed`)."""
+        with self._lock:
+            if self.stall is not None and self._watcher is None:
+                self._watcher = threading.Thread(target=self._watch_loop, daemon=True,
+                                                 name=f"stall-{self.run_dir.name}")
+                self._watcher.start()
+        return self
+
+    def _watch_loop(self) -> None:
+        # poll() rather than process.wait(): a thread blocked in wait() holds Popen's waitpid lock, and poll()
+        # then answers None without blocking; wait() sets _ended once the process is gone.
+        while not self._ended.wait(STALL_POLL_S) and self.process.poll() is None:
+            try:
+                self._watch_stall()
+            except Exception as exc:  # an unreadable heartbeat folder must not end the watch silently
+                print(f"imagetune: stall watch of {self.run_dir}: {exc}", file=sys.stderr)
+
     def wait(self, timeout: float | None = None) -> dict:
         """Wait for torchrun (or the one worker) to exit, then return the run's final event, writing `failed` if
         there is none."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            poll = STALL_POLL_S if self.stall is not None else None
-            if deadline is not None:
-                poll = max(0.0, min(poll or timeout or 0.0, deadline - time.monotonic()))
-            try:
-                self.process.wait(poll)
-                break
-            except subprocess.TimeoutExpired:
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise
-                self._watch_stall()
+        self.process.wait(timeout)
+        self._ended.set()
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join()  # a kill in progress decides the `failed` reason (self.stalled)
         with self._lock:
             if self._final is None:
                 self._final = self._finish(self.process.returncode)
@@ -345,7 +362,7 @@ def start_run(
     first = d.node_rank * plan.processes_per_node
     stall = StallWatch(run_dir, tuple(range(first, first + plan.processes_per_node)), d.stall_warning_s,
                        d.stall_timeout_s)
-    return RunProcess(run_dir, plan, process, node_rank=d.node_rank, log_offset=offset, stall=stall)
+    return RunProcess(run_dir, plan, process, node_rank=d.node_rank, log_offset=offset, stall=stall).watch()
 
 
 def kill_run(run_dir: str | Path, grace_s: float = 10.0) -> bool:

@@ -196,13 +196,8 @@ def choose_sharding(config: Config, hw: Hardware, device: str, world: int,
 
 def _deepspeed_problems(config: Config, precision: str) -> list[str]:
     """What DeepSpeed ZeRO (trainer.engine.parallel.deepspeed) cannot run, each with the way out."""
-    import importlib.util
-
-    out = []
+    out = []  # a missing deepspeed package is a config problem (trainer.core.config.extras)
     key = "distributed.sharding: deepspeed"
-    if importlib.util.find_spec("deepspeed") is None:
-        out.append(f"{key} needs DeepSpeed, which is not installed: `pip install 'imagetune[deepspeed]'`, or use "
-                   "sharding=fsdp (built in)")
     family_problem = spec_of(config.model.family).sharding_problem("deepspeed")
     if family_problem:
         out.append(family_problem)

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from trainer.core.config.bounds import number_problem
 from trainer.core.config.schema import SCHEMA_VERSION, Config, iter_keys
 from trainer.core.config.validate import validate
 from trainer.errors import ConfigError, UserError
@@ -156,6 +157,9 @@ def build_config(raw: dict) -> tuple[Config, list[str]]:
             continue
         if name in _ON_OFF_KEYS and isinstance(value, bool):
             value = "on" if value else "off"
+        if (too_big := number_problem(name, value)):
+            problems.append(too_big)  # before OmegaConf, whose message for inf names no fix
+            continue
         try:
             # A list of mappings (data.datasets) is merged into its typed entries, which checks each entry's keys.
             OmegaConf.update(base, name, value, merge=name in _ENTRY_LISTS)

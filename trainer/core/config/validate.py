@@ -5,10 +5,11 @@ Checks that depend on the machine (GPU count, bf16 support, xformers, bitsandbyt
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
+from trainer.core.config.bounds import bound_problems
+from trainer.core.config.extras import missing_extra_problems
 from trainer.core.config.lora_checks import lora_problems
 from trainer.core.compiling import compile_problems
 from trainer.core.config.schema import Config, ModelConfig
@@ -19,9 +20,23 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _CPU_DEVICES = re.compile(r"^cpu(:(\d+))?$")
 
 
+# The keys that name a model, the only ones a hub id may fill. Any other path key (class images, masks, data) is a
+# local path even when it looks like `org/name`: read as a hub id it would skip the workspace check and stay
+# relative in the run's config.yaml (issue 29: `prior.class_path: link_out/created` wrote outside the workspace).
+HUB_ID_KEYS = ("model.path", "model.config", "detection.weights")
+
+
 def is_hub_id(path: str) -> bool:
     """`org/name` that is not a local path: diffusers fetches it from the Hugging Face hub."""
     return bool(_HUB_ID.match(path)) and not Path(path).exists()
+
+
+def hub_id_at(key: str, value) -> bool:
+    """Whether `value` of config key `key` is a hub id: only a model key may hold one, and not when its first
+    part exists here (`link/new` through a symlink `link` is a local path that does not exist yet)."""
+    if key not in HUB_ID_KEYS or not isinstance(value, str) or not is_hub_id(value):
+        return False
+    return not Path(value.split("/", 1)[0]).exists()
 
 
 def _positive(problems: list[str], key: str, value, *, allow_zero: bool = False) -> None:
@@ -116,6 +131,7 @@ def validate(config: Config, *, check_paths: bool = True) -> list[str]:
             p.append("lora.unet_targets: needs at least one module name, e.g. [to_q, to_k, to_v, to_out.0]")
     p += lora_problems(config, check_paths=check_paths)
     p += compile_problems(config)
+    p += missing_extra_problems(config)
     base_weights = config.model.base_weights
     if base_weights != "default" and config.method != "lora":
         p.append(f"model.base_weights: {base_weights} is for LoRA on the diffusion families (a full fine-tune "
@@ -124,9 +140,6 @@ def validate(config: Config, *, check_paths: bool = True) -> list[str]:
         p.append("model.base_weights: fp8 saves memory only with train.gradient_checkpointing=true (otherwise "
                  "each layer's upcast weights are kept for the backward pass): set it, or base_weights=default, or "
                  "model.fp8_compute=on on GPUs of compute capability 8.9+ (nothing is upcast there)")
-    elif base_weights == "nf4" and importlib.util.find_spec("torchao") is None:
-        p.append("model.base_weights: nf4 needs torchao, which is not installed: `pip install 'imagetune[nf4]'`, "
-                 "or set model.base_weights=fp8 (built in) or default")
     if config.model.fp8_compute == "on" and base_weights != "fp8":
         p.append("model.fp8_compute: on multiplies with the fp8 base weights, and model.base_weights is "
                  f"{base_weights}: set model.base_weights=fp8 too, or model.fp8_compute=auto")
@@ -164,6 +177,7 @@ def validate(config: Config, *, check_paths: bool = True) -> list[str]:
         parse_devices(config.devices)
     except ValueError as exc:
         p.append(str(exc))
+    p += bound_problems(config)
     prior = config.prior
     if prior.enabled:
         if not prior.class_prompt.strip():
@@ -206,10 +220,6 @@ def _bucket_problems(config: Config, multiple: int) -> list[str]:
     return p
 
 
-# Optimizers from optional packages: (module, the extra that installs it).
-_OPTIMIZER_PACKAGES = {"prodigy": "prodigyopt", "adamw_schedulefree": "schedulefree"}
-
-
 # logging.wandb: `project` or `entity/project`; W&B refuses these characters in both.
 _WANDB_NAME = re.compile(r"^[^/\\#?%:\s]{1,128}(/[^/\\#?%:\s]{1,128})?$")
 
@@ -234,27 +244,15 @@ def _hub_problems(config: Config) -> list[str]:
 
 
 def _logging_problems(log) -> list[str]:
-    """logging.*: the optional package each sink needs (named by its extra), and a W&B project W&B accepts."""
-    p = []
-    if log.tensorboard and importlib.util.find_spec("tensorboard") is None:
-        p.append("logging.tensorboard: needs the `tensorboard` package, which is not installed: "
-                 "`pip install 'imagetune[tensorboard]'`, or set logging.tensorboard=false")
-    if log.wandb is not None:
-        if not _WANDB_NAME.match(log.wandb):
-            p.append(f"logging.wandb: {log.wandb!r} is not a W&B project: give `project` or `entity/project` "
-                     "(no spaces, no / \\ # ? % :, at most 128 characters each)")
-        elif importlib.util.find_spec("wandb") is None:
-            p.append("logging.wandb: needs the `wandb` package, which is not installed: "
-                     "`pip install 'imagetune[wandb]'`, or leave logging.wandb unset")
-    return p
+    """logging.wandb: a project W&B accepts (the packages both sinks need are extras: trainer.core.config.extras)."""
+    if log.wandb is not None and not _WANDB_NAME.match(log.wandb):
+        return [f"logging.wandb: {log.wandb!r} is not a W&B project: give `project` or `entity/project` (no spaces, "
+                "no / \\ # ? % :, at most 128 characters each)"]
+    return []
 
 
 def _optimizer_problems(t) -> list[str]:
     p = []
-    module = _OPTIMIZER_PACKAGES.get(t.optimizer)
-    if module and importlib.util.find_spec(module) is None:
-        p.append(f"train.optimizer: {t.optimizer} needs the `{module}` package, which is not installed: "
-                 "`pip install 'imagetune[optimizers]'`, or use adamw")
     if t.optimizer == "adamw_schedulefree" and t.scheduler != "constant":
         p.append(f"train.scheduler: {t.scheduler} with train.optimizer=adamw_schedulefree, which replaces the decay "
                  "schedule by averaging: set train.scheduler=constant (train.warmup_steps still warms it up)")

@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 
 from PIL import Image, ImageOps
 
+from trainer.core.data.confine import escapes
 from trainer.core.data.integrity import decode_problem
 from trainer.core.data.scan import IMAGE_EXTENSIONS, DatasetScan, ImageItem
 from trainer.errors import UserError
@@ -39,7 +40,7 @@ def mask_file(image: str, folder: str, roots: Sequence[str]) -> Optional[Path]:
     for stem in dict.fromkeys(stems):
         for ext in IMAGE_EXTENSIONS:
             for candidate in (stem.parent / (stem.name + ext), stem.parent / (stem.name + ext.upper())):
-                if candidate.is_file():
+                if candidate.is_file() and not escapes(candidate):  # a linked-out mask counts as missing
                     return candidate
     return None
 

@@ -24,6 +24,7 @@ from typing import Optional
 
 from PIL import Image
 
+from trainer.core.data.confine import OUTSIDE, confined_to, escapes
 from trainer.core.data.integrity import decode_problems
 from trainer.errors import UserError
 
@@ -122,6 +123,9 @@ def scan_dataset(
         missing = f"the folder {root} does not exist"
         scan.problems.append(f"{root} is a file, not a folder of images" if root.exists() else missing)
         return scan
+    if escapes(root):
+        scan.problems.append(f"{root} {OUTSIDE}")
+        return scan
     extension = caption_extension if caption_extension.startswith(".") else "." + caption_extension
     fallback = (instance_prompt or "").strip() or None
 
@@ -147,6 +151,9 @@ def scan_dataset(
                 p.name.lower(): p for p in file.parent.iterdir() if p.name.lower().endswith(extension.lower())
             }
         caption_file = captions_by_folder[file.parent].get((file.stem + extension).lower())
+        if caption_file is not None and escapes(caption_file):
+            scan.warnings.append(f"{rel}: its caption file {caption_file.name} {OUTSIDE}; not used")
+            caption_file = None
         caption = _read_caption(caption_file, rel, scan.warnings) or metadata.get(rel) or folder_prompt or fallback
         if caption is None:
             scan.warnings.append(
@@ -177,7 +184,11 @@ def _kohya_layout(root: Path, scan: DatasetScan) -> tuple[list[_Source], list[Pa
     """The root and its kohya `N_prompt` sub-folders (recorded in `scan.folders`) as sources; other sub-folders."""
     sources: list[_Source] = [(root, 1, None)]
     others: list[Path] = []
+    roots = confined_to()
     for sub in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        if escapes(sub, roots):
+            scan.warnings.append(f"{sub.name}/: {OUTSIDE}; ignored")
+            continue
         match = KOHYA_FOLDER.match(sub.name)
         if match and int(match.group(1)) >= 1:
             scan.folders[sub.name] = int(match.group(1))
@@ -200,7 +211,9 @@ def _image_files(
     scanned = {folder for folder, _, _ in sources}
     listed_elsewhere = [root / rel for rel in sorted(metadata) if (root / rel).parent not in scanned]
     for file in listed_elsewhere:
-        if file.is_file() and file.suffix.lower() in IMAGE_EXTENSIONS:
+        if escapes(file):
+            warnings.append(f"{METADATA_FILE}: {file.relative_to(root).as_posix()} {OUTSIDE}; skipped")
+        elif file.is_file() and file.suffix.lower() in IMAGE_EXTENSIONS:
             images.append((file, 1, None))
         elif file.is_file():
             warnings.append(f"{METADATA_FILE}: {file.relative_to(root).as_posix()} is not an image; skipped")
@@ -218,10 +231,13 @@ def _image_files(
 
 def _folder_files(folder: Path, caption_extension: str, root: Path, warnings: list[str]) -> list[Path]:
     """The files of `folder` that should be images, sorted; warns about the ones that cannot be."""
-    files = []
+    files, roots = [], confined_to()
     for file in sorted(p for p in folder.iterdir() if p.is_file()):
         name = file.name.lower()
         if name.startswith(".") or name in _OS_CLUTTER or name == METADATA_FILE or name.endswith(caption_extension):
+            continue
+        if escapes(file, roots):
+            warnings.append(f"{file.relative_to(root).as_posix()}: {OUTSIDE}; skipped")
             continue
         if not name.endswith(IMAGE_EXTENSIONS):
             rel = file.relative_to(root).as_posix()
@@ -277,6 +293,9 @@ def _read_metadata(folder: Path, root: Path, warnings: list[str]) -> dict[str, s
     if not file.is_file():
         return {}
     label = file.relative_to(root).as_posix()
+    if escapes(file):
+        warnings.append(f"{label}: {OUTSIDE}; ignored")
+        return {}
     captions: dict[str, str] = {}
     try:
         lines = file.read_text(encoding="utf-8-sig").splitlines()

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from trainer.core.data.confine import OUTSIDE, confined_to, escapes
 from trainer.core.data.integrity import decode_problems
 from trainer.families.detection.orientation import annotated_as_displayed, headers
 from trainer.errors import UserError
@@ -49,6 +50,7 @@ _KIND_TEXT = {
     "no_label_file": "images without a label file train as empty (background) images",
     "orphan_label": "label files without an image were ignored",
     "exif_unknown": "images with an EXIF orientation are read on their stored pixels (COCO's convention)",
+    "outside": "files linking outside the workspace were skipped (an exposed UI's runs read files under it only)",
 }
 
 
@@ -355,7 +357,11 @@ def _yolo_images(entry, root: Path, key: str, name: str, problems: list[str], re
         target = Path(str(item)).expanduser()
         target = target if target.is_absolute() else root / target
         if target.is_dir():
-            found += sorted(p for p in target.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+            images = sorted(p for p in target.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+            roots = confined_to()  # an exposed UI's runs: files linking out of the workspace are not read
+            for image in (p for p in images if escapes(p, roots)):
+                report.add("outside", f"{image}: {OUTSIDE}; skipped")
+            found += [p for p in images if not escapes(p, roots)]
         elif target.is_file() and target.suffix.lower() == ".txt":
             for line in target.read_text(encoding="utf-8", errors="replace").splitlines():
                 line = line.strip()
@@ -402,6 +408,9 @@ def _yolo_record(image: Path, num_classes: int, report: _Report) -> DetRecord | 
     width, height = size
     record = DetRecord(str(image), width, height, exif=True)
     label_file = _label_file(image)
+    if label_file.is_file() and escapes(label_file):
+        report.add("outside", f"{label_file}: {OUTSIDE}; its image is skipped")
+        return None
     if not label_file.is_file():
         report.add("no_label_file", f"{image}: no label file ({label_file}); trains as an empty (background) "
                                     "image")

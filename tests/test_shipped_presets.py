@@ -1,0 +1,91 @@
+"""Every shipped preset starts: each passes `launch.py --dry-run` once pointed at data (a user's first step), and
+each preset whose base is a `demo://` model trains a step to `done` through the real command line. A fresh
+install (`.ci/run` makes a new virtual environment every run) therefore proves that pyproject.toml declares every
+package the presets need. The optional extras a preset's keys pull in are checked against pyproject here and
+against the Docker image in test_docker.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from packaging.requirements import Requirement
+
+import launch
+from trainer.core import hardware
+from trainer.engine.probe import probe
+from trainer.core.config import load_config
+from trainer.core.config.extras import EXTRAS, extras_needed
+from trainer.core.config.validate import DEMO_SCHEME
+from trainer.core.events import read_events
+from trainer.families import SPECS
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    from pip._vendor import tomli as tomllib
+
+REPO = Path(__file__).resolve().parents[1]
+PRESETS = sorted((REPO / "presets").glob("*.yaml"))
+DEMO_PRESETS = [p for p in PRESETS if yaml.safe_load(p.read_text())["model"]["path"].startswith(DEMO_SCHEME)]
+
+
+def _skip_without_cuda_packages(preset: Path) -> None:
+    """A preset whose keys need a CUDA-only package cannot run on the CPU: skipped with the package and why."""
+    needs = extras_needed(load_config(preset, [], check_paths=False))
+    for extra in EXTRAS:
+        if extra.cuda_only and extra.name in needs:
+            pytest.skip(f"{preset.name}: {needs[extra.name]} needs `{extra.module}` ({extra.name} extra), whose "
+                        "kernels run on CUDA GPUs only")
+
+
+def _demo_data(preset: Path) -> str:
+    """The data of the preset's family's demo: a real preset names the user's data, which is not here."""
+    family = yaml.safe_load(preset.read_text())["model"]["family"]
+    return yaml.safe_load((REPO / "presets" / SPECS[family].demo_preset).read_text())["data"]["path"]
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
+def test_every_preset_passes_dry_run(preset, tmp_path, monkeypatch, capsys):
+    _skip_without_cuda_packages(preset)
+    monkeypatch.chdir(tmp_path)
+    # A real preset names a hub model, which the test session's HF_HUB_OFFLINE=1 refuses; a dry run downloads
+    # nothing (it reads no file of the model), as the empty folder below shows.
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    # The same answer as the launcher's probe subprocess, without starting one per preset (torch is loaded here).
+    monkeypatch.setattr(hardware, "probe_in_subprocess", probe)
+    code = launch.main(["--preset", str(preset), "--dry-run", "--runs-dir", str(tmp_path / "runs"),
+                        f"data.path={_demo_data(preset)}"])
+    out = capsys.readouterr()
+    assert code == 0, out.out + out.err
+    assert " = batch " in out.out  # the plan line
+    assert not any(tmp_path.iterdir()), "a dry run creates nothing"
+
+
+def test_every_extra_the_keys_pull_in_is_declared_in_pyproject():
+    """extras.py's table names real extras of pyproject.toml, each installing the module the code imports."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for extra in EXTRAS:
+        assert extra.name in extras, f"pyproject.toml has no `{extra.name}` extra"
+        names = {Requirement(r).name.lower().replace("-", "_") for r in extras[extra.name]}
+        assert extra.module in names, f"the `{extra.name}` extra does not install `{extra.module}`"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", DEMO_PRESETS, ids=lambda p: p.stem)
+def test_every_demo_preset_trains_a_step_to_done(preset, tmp_path):
+    _skip_without_cuda_packages(preset)
+    # The preset as shipped, one step; samples drawn with 2 denoising steps (the run still samples and evaluates
+    # at step 0 and at the end, as the preset says).
+    result = subprocess.run(
+        [sys.executable, str(REPO / "launch.py"), "--preset", str(preset), "--runs-dir", str(tmp_path / "runs"),
+         "train.steps=1", "sample.steps=2"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    run_dir = next((tmp_path / "runs").glob(preset.stem + "*"))
+    events = read_events(run_dir)
+    assert result.returncode == 0 and events[-1]["type"] == "done", result.stdout[-3000:] + result.stderr[-3000:]
+    assert events[-1]["outputs"] and all((run_dir / o).exists() for o in events[-1]["outputs"])
+
