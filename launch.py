@@ -5,6 +5,9 @@
     python launch.py --preset PRESET [KEY=VALUE ...]   train headless with a progress bar
     python launch.py --preset PRESET --dry-run         print the resolved config and the plan; create nothing
     python launch.py --resume RUN_DIR [KEY=VALUE ...]  continue a run from its newest checkpoint
+    python launch.py --import-kohya FILE.json|FILE.toml [--out P.yaml]   a preset from a kohya_ss / sd-scripts config
+    python launch.py --import-ai-toolkit JOB.yaml [--out P.yaml]         a preset from an ai-toolkit job
+    python launch.py --push-to-hub RUN_DIR [REPO_ID]   upload a done run's outputs and model card to the Hub
 
 Exit status: 0 when the run is done or was stopped, 1 when it failed, 2 for a mistake in the command line or
 the preset (reported as one paragraph, no traceback), 130 when interrupted before the run started.
@@ -33,6 +36,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--resume", metavar="RUN_DIR", help="continue this run from its newest complete checkpoint")
     p.add_argument("--dry-run", action="store_true", help="print the resolved config and the plan, then stop")
     p.add_argument("--runs-dir", default="runs", help="where run folders are created (default: runs/)")
+    bring = p.add_argument_group("import another trainer's config")
+    bring.add_argument("--import-kohya", metavar="FILE", help="a kohya_ss GUI config (.json) or an sd-scripts "
+                       "config (.toml, with the dataset config it names) -> an imagetune preset")
+    bring.add_argument("--import-ai-toolkit", metavar="JOB", help="an ai-toolkit job file (.yaml) -> a preset")
+    p.add_argument("--push-to-hub", nargs="+", metavar=("RUN_DIR", "REPO_ID"),
+                   help="upload a done run's outputs, last samples and model card to a Hub repo (default: the run's "
+                        "output.push_to_hub); the token from HF_TOKEN")
+    bring.add_argument("--out", metavar="P.yaml", help="where to write the imported preset (default: "
+                       "<name>.imagetune.yaml in the current folder)")
     ui = p.add_argument_group("web UI")
     ui.add_argument("--host", default="127.0.0.1")
     ui.add_argument("--port", type=int, default=7860)
@@ -55,6 +67,13 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError("Use either --preset (start a new run) or --resume RUN_DIR (continue one), not both.")
         if args.dry_run and not args.preset:
             raise UserError("--dry-run needs --preset: it shows what a preset would do without creating anything.")
+        if args.import_kohya or args.import_ai_toolkit:
+            return import_headless(args)
+        if args.push_to_hub:
+            return push_headless(args)
+        if args.out:
+            raise UserError("--out names where an imported preset goes: use it with --import-kohya or "
+                            "--import-ai-toolkit.")
         if args.preset:
             return run_headless(args)
         if args.resume:
@@ -81,21 +100,94 @@ def find_preset(name: str) -> str:
     return name  # read_preset explains that it does not exist
 
 
+def slurm_overrides(overrides: list[str]) -> tuple[list[str], str]:
+    """Inside `srun`: SLURM's nodes, node rank, master host and GPUs as overrides before the user's own (which
+    win), and the words for the plan line; outside, nothing (trainer.core.slurm)."""
+    import os
+
+    from trainer.core.slurm import slurm_step
+
+    step = slurm_step(os.environ)
+    if step is None:
+        return list(overrides), ""
+    return [*step.overrides(), *overrides], step.describe()
+
+
 def run_headless(args) -> int:
+    from dataclasses import replace
+
     from trainer.core.config import load_config, to_yaml
     from trainer.core.launcher import plan_for, prepare_run, start_run
 
-    config = load_config(find_preset(args.preset), args.overrides)
+    overrides, cluster = slurm_overrides(args.overrides)
+    config = load_config(find_preset(args.preset), overrides)
     if args.dry_run:
-        plan = plan_for(config)
+        plan = replace(plan_for(config), cluster=cluster)
         print(to_yaml(config), end="")
         print_plan(plan)
         return 0
-    run_dir, plan = prepare_run(config, args.runs_dir)
+    run_dir, plan = prepare_run(config, args.runs_dir, cluster=cluster)
     print_plan(plan)
     print(f"run folder: {run_dir}", flush=True)
     proc = start_run(run_dir, plan, config, worker_module=args.worker_module)
     return follow(proc, start_step=0, offset=0)
+
+
+def import_headless(args) -> int:
+    from trainer.core.importers import import_config
+
+    if args.import_kohya and args.import_ai_toolkit or args.preset or args.resume or args.overrides or args.dry_run:
+        raise UserError("An import runs alone: give one of --import-kohya / --import-ai-toolkit (and --out), then "
+                        "run the preset it writes with --preset.")
+    kind, path = ("kohya", args.import_kohya) if args.import_kohya else ("ai-toolkit", args.import_ai_toolkit)
+    result = import_config(kind, path, args.out)
+    print(f"wrote {result.out}")
+    for note in result.imported.notes:
+        print(f"note: {note}")
+    if result.imported.unmapped:
+        print(f"not imported ({len(result.imported.unmapped)}):")
+        for key, why in result.imported.unmapped:
+            print(f"  {key}: {why}")
+    if result.problems:
+        print("still to set before it runs:")
+        for problem in result.problems:
+            print(f"  - {problem}")
+        print(f"then: python launch.py --preset {result.out} --dry-run")
+    else:
+        print(f"ready: python launch.py --preset {result.out} --dry-run")
+    return 0
+
+
+def push_headless(args) -> int:
+    """A done run to the Hub after the fact: it was trained without output.push_to_hub, or its upload failed."""
+    from trainer.core.config.load import load_config
+    from trainer.core.events import final_event, read_events
+    from trainer.core.hub import push_outputs
+    from trainer.core.runfolder import RunFolder
+
+    if len(args.push_to_hub) > 2 or args.preset or args.resume or args.overrides:
+        raise UserError("--push-to-hub takes a run folder and, optionally, a repo id: "
+                        "python launch.py --push-to-hub runs/<name> [user/name].")
+    run_dir = Path(args.push_to_hub[0]).expanduser().resolve()
+    folder = RunFolder(run_dir)
+    final = final_event(read_events(run_dir)) if folder.config.is_file() else None
+    if final is None or final["type"] != "done":
+        raise UserError(f"--push-to-hub: {run_dir} is not a done run (its events.jsonl ends without `done`); only a "
+                        "finished run's outputs are uploaded.")
+    repo = args.push_to_hub[1] if len(args.push_to_hub) == 2 else None
+    config = load_config(folder.config, [f"output.push_to_hub={repo}"] if repo else [], check_paths=False)
+    if not config.output.push_to_hub:
+        raise UserError("--push-to-hub: name the repo (python launch.py --push-to-hub RUN_DIR user/name): the run "
+                        "has no output.push_to_hub.")
+    print(f"uploading {folder.output} to {config.output.push_to_hub}", flush=True)
+    try:
+        url = push_outputs(config, run_dir, int(final.get("step") or 0))
+    except Exception as exc:  # huggingface_hub's errors: rights, network; the first line says which
+        raise UserError(f"--push-to-hub: uploading to {config.output.push_to_hub} failed ({type(exc).__name__}: "
+                        f"{(str(exc).strip().splitlines() or [''])[0][:300]}). Check HF_TOKEN (a write token) and "
+                        "the repo id.") from None
+    print(f"uploaded: {url}")
+    return 0
 
 
 def resume_headless(args) -> int:
@@ -104,8 +196,11 @@ def resume_headless(args) -> int:
 
     events = Path(args.resume) / EVENTS_FILE
     offset = events.stat().st_size if events.exists() else 0  # show only what this launch adds
-    proc = resume_run(args.resume, args.overrides, worker_module=args.worker_module)
+    overrides, cluster = slurm_overrides(args.overrides)
+    proc = resume_run(args.resume, overrides, worker_module=args.worker_module)
     print_plan(proc.plan)
+    if cluster:
+        print(f"note: {cluster}")
     changed = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in proc.changes.items())
     print(f"resuming {proc.run_dir} at step {proc.resumed_from.step}" + (f" ({changed})" if changed else ""))
     return follow(proc, start_step=proc.resumed_from.step, offset=offset)

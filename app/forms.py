@@ -40,6 +40,7 @@ SECTION_GROUP = {
     **{spec.section: "model" for spec in FAMILY_SPECS.values() if spec.section},  # a family's own section (flow, detection)
     "seed": "training", "train": "training", "devices": "batch", "batch": "batch", "precision": "precision",
     "attention": "precision", "sample": "sampling", "name": "output", "checkpoint": "output", "eval": "output",
+    "logging": "output", "output": "output",  # TensorBoard / W&B, Hub upload
 }
 YAML_ONLY = ("version", "distributed.")  # exact key, or a prefix ending in "."
 

@@ -153,7 +153,7 @@ class Workspace:
                 if (p := self.problem(key, text)):
                     problems.append(p)
                     break  # one is enough to refuse; a big dataset could list thousands
-        return problems + multinode_problems(config)
+        return problems + multinode_problems(config) + upload_problems(config)
 
     def approve(self, config) -> None:
         """Raise UserError when an exposed UI must not run `config` (see built_problems)."""
@@ -202,4 +202,19 @@ def multinode_problems(config) -> list[str]:
     if str(d.master_addr).strip() not in ("127.0.0.1", "localhost", "::1"):
         problems.append(f"distributed.master_addr: {d.master_addr!r} is not this machine; this UI only trains "
                         "on this machine (127.0.0.1)")
+    return problems
+
+
+def upload_problems(config) -> list[str]:
+    """output.push_to_hub and logging.wandb send the run's files and numbers out with this machine's own tokens
+    (HF_TOKEN, WANDB_API_KEY), to a repo or project the form names: from a UI anyone can reach, a visitor could
+    publish into the owner's repos. They stay command-line features there (TensorBoard writes locally: allowed)."""
+    problems = []
+    if getattr(config.output, "push_to_hub", None):
+        problems.append("output.push_to_hub: uploading with this machine's Hugging Face token is a command-line "
+                        "feature when the UI is reachable from other machines (python launch.py --preset ... "
+                        "output.push_to_hub=user/name)")
+    if getattr(config.logging, "wandb", None):
+        problems.append("logging.wandb: logging with this machine's W&B key is a command-line feature when the UI "
+                        "is reachable from other machines; logging.tensorboard works here")
     return problems

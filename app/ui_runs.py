@@ -225,7 +225,21 @@ def header_html(view: R.RunView | None) -> str:
             f'<span class="run-name">{html.escape(view.name)}</span>'
             f'<span class="badge {view.status}" id="run-status">{status}</span>'
             f'<span class="run-what">{html.escape(what)} · started {R.fmt_time(view.started)}</span></div>'
-            f'{plan}{notes}{warnings}')
+            f'{plan}{notes}{warnings}{links_html(view)}')
+
+
+def links_html(view: R.RunView) -> str:
+    """Where else the run is: its TensorBoard folder (logging.tensorboard) and its Hub repo (output.push_to_hub).
+    The URL comes from the run folder, which is data: shown only as an http(s) link, escaped."""
+    links = []
+    board = view.path / "tensorboard"
+    if board.is_dir():
+        links.append(f"TensorBoard: <code>tensorboard --logdir {html.escape(str(board))}</code>")
+    hub = (view.final or {}).get("hub") if view.status == "done" else None
+    if isinstance(hub, str) and hub.startswith(("https://", "http://")):
+        url = html.escape(hub, quote=True)
+        links.append(f'Hub: <a href="{url}" target="_blank" rel="noopener noreferrer">{url}</a>')
+    return "".join(f"<div class='run-note run-link'>{link}</div>" for link in links)
 
 
 def failed_html(view: R.RunView | None) -> str:

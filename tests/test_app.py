@@ -285,6 +285,20 @@ def test_the_run_view_shows_each_ranks_figures_and_marks_the_lagging_one(tmp_pat
     assert read_run(planted, EventCache()).status == "unreadable"
 
 
+def test_the_run_header_links_the_tensorboard_folder_and_the_hub_repo_and_escapes_them(tmp_path):
+    from app import ui_runs
+
+    run = write_run(tmp_path, "r", [PLAN, {"type": "done", "step": 10, "outputs": [],
+                                           "hub": "https://huggingface.co/me/x?a=<b>&c"}])
+    assert "TensorBoard" not in ui_runs.header_html(read_run(run, EventCache()))
+    (run / "tensorboard").mkdir()
+    head = ui_runs.header_html(read_run(run, EventCache()))
+    assert f"tensorboard --logdir {run / 'tensorboard'}" in head
+    assert 'href="https://huggingface.co/me/x?a=&lt;b&gt;&amp;c"' in head
+    planted = write_run(tmp_path, "p", [PLAN, {"type": "done", "step": 1, "outputs": [], "hub": "javascript:x()"}])
+    assert "Hub:" not in ui_runs.header_html(read_run(planted, EventCache()))
+
+
 def test_runs_page_sends_only_what_changed(tmp_path):
     from app import ui_runs
     from app.jobs import HardwareCache, Jobs

@@ -272,6 +272,9 @@ ROWS: dict[str, Seen | Shown] = {
     "distributed.stall_timeout_s": Shown("test_stall.py::test_a_frozen_rank_is_warned_about_then_the_run_fails_naming_it"),
     "distributed.sharding": Seen("distributed.sharding=fsdp", "plan"),
     "distributed.zero_stage": Seen("distributed.zero_stage=1", "plan"),
+    "logging.tensorboard": Shown("test_mirrors.py::test_a_stopped_and_resumed_run_logs_one_tensorboard_run_and_one_wandb_run"),
+    "logging.wandb": Shown("test_mirrors.py::test_a_stopped_and_resumed_run_logs_one_tensorboard_run_and_one_wandb_run"),
+    "output.push_to_hub": Shown("test_hub.py::test_a_done_run_uploads_its_outputs_samples_and_card_with_the_token_from_the_environment"),
 }
 
 # What each observer's base config adds to the defaults (the keys it compares need a context to show).

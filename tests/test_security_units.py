@@ -145,6 +145,14 @@ def test_multi_node_and_remote_master_are_refused_when_exposed(workspace):
     assert not check.ok and any("master_addr" in p for p in check.other_errors + list(check.field_errors))
 
 
+def test_uploads_with_this_machines_tokens_are_refused_when_exposed(workspace, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_owner")
+    config = lora_config(workspace.root / "data", **{"output.push_to_hub": "owner/public-model",
+                                                    "logging.wandb": "owner/project", "logging.tensorboard": True})
+    problems = workspace.built_problems(config)
+    assert [p.split(":")[0] for p in problems] == ["output.push_to_hub", "logging.wandb"]
+
+
 def test_the_engine_exchanges_no_pickled_objects_between_ranks():
     found = subprocess.run(["grep", "-rnE", "all_gather_object|broadcast_object_list|gather_object|scatter_object",
                             "trainer/"], cwd=REPO, capture_output=True, text=True).stdout

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from trainer.core.config import Config, to_yaml
@@ -98,7 +98,8 @@ def check_data(config: Config):
     return spec_of(config.model.family).run_data_check(config)  # a scan (the plan lists its buckets)
 
 
-def prepare_run(config: Config, runs_dir: str | Path, hw: Hardware | None = None) -> tuple[Path, Plan]:
+def prepare_run(config: Config, runs_dir: str | Path, hw: Hardware | None = None, *,
+                cluster: str = "") -> tuple[Path, Plan]:
     """Plan the run, then create its folder (never reusing one) with config.yaml, plan.json and the `plan` event.
 
     Raises ConfigError/UserError before anything is created on disk (except the shared demo assets).
@@ -106,7 +107,7 @@ def prepare_run(config: Config, runs_dir: str | Path, hw: Hardware | None = None
     workers' events, so the other nodes' folders hold the config, the logs and the launcher's own events.
     """
     check_run_name(config.name)
-    plan = plan_for(config, hw)
+    plan = replace(plan_for(config, hw), cluster=cluster)  # cluster: where distributed.* came from (SLURM)
     config = resolve_paths(config, runs_dir)
     scan = check_data(config)
     plan = plan.with_buckets(config, scan).with_held_out(scan)

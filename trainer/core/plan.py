@@ -46,6 +46,8 @@ class Plan:
     fp8_compute: bool = False
     # train.channels_last: the UNet and VAE are stored channels-last (trainer.families.components.unet_training).
     channels_last: bool = False
+    # Where the multi-node settings came from when a scheduler gave them (trainer.core.slurm), for the plan line.
+    cluster: str = ""
 
     @property
     def world_size(self) -> int:
@@ -71,6 +73,8 @@ class Plan:
             line += f" · {self.data_workers} input worker{'s' if self.data_workers > 1 else ''} per process"
         if self.val_images:
             line += f" · val_loss on {self.val_images} held-out image{'s' if self.val_images != 1 else ''}"
+        if self.cluster:
+            line += f" · {self.cluster}"
         return line
 
     def _sharding_text(self) -> str:

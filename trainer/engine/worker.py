@@ -103,6 +103,10 @@ def setup(run_dir: Path, resume: Path | None):
                               accumulation=plan.accumulation, workers=plan.data_workers, pin=plan.device == "cuda")
     if resume:
         load_run_checkpoint(run, resume)
+    if acc.is_main_process:  # logging.tensorboard / logging.wandb: mirrors of rank 0's events (trainer.engine.mirrors)
+        from trainer.engine.mirrors import open_mirrors
+
+        run.events = open_mirrors(events, config, run_dir, run.state.step, resumed=resume is not None)
     from trainer.engine.heartbeat import Heartbeat
 
     run.heartbeat = Heartbeat(run_dir, acc.process_index, lambda: compiler.phase(run.phase)).start(run.state.step)
@@ -191,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_library_chatter()
     try:
         run = setup(run_dir, args.resume)
+        events = run.events  # from here on, the final event reaches the TensorBoard / W&B mirrors too
         from trainer.engine.loop import fit
 
         status = fit(run)
@@ -212,8 +217,9 @@ def main(argv: list[str] | None = None) -> int:
                 outputs = run.family.save_outputs(RunFolder(run_dir).output, step=run.state.step)
                 outputs = [os.path.relpath(p, run_dir) for p in outputs]
             run.accelerator.wait_for_everyone()
+        hub = _push_to_hub(run, events) if run.accelerator.is_main_process and run.config.output.push_to_hub else None
         events.emit("done", step=run.state.step, outputs=outputs, overflow_steps=run.amp.overflow_steps,
-                    nonfinite_steps=run.state.nonfinite_total)
+                    nonfinite_steps=run.state.nonfinite_total, **({"hub": hub} if hub else {}))
         return 0
     except UserError as exc:
         events.emit("failed", reason=str(exc))
@@ -236,6 +242,27 @@ def main(argv: list[str] | None = None) -> int:
             # that failed first, from torchrun's report (or this process's exit status), in the final `failed` event.
             events.emit("warning", message=f"rank 0 stopped at {phase}: {type(exc).__name__}: {exc}")
         return 1
+    finally:
+        if hasattr(events, "close"):  # a mirror still open after a crash: flush TensorBoard, finish the W&B run
+            events.close()
+
+
+def _push_to_hub(run, events) -> str | None:
+    """output.push_to_hub, on rank 0 once the outputs are written (the other ranks have nothing left to do): the
+    repo's URL, or None after a `warning` (the run is still done; its files are in output/)."""
+    from trainer.core.hub import push_outputs
+
+    repo = run.config.output.push_to_hub
+    run.phase = f"rank 0 uploading the outputs to {repo}"
+    print(f"uploading the outputs to the Hub repo {repo}", flush=True)
+    try:
+        return push_outputs(run.config, run.run_dir, run.state.step)
+    except Exception as exc:  # network, permissions, quota: the training itself succeeded
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        events.emit("warning", message=f"output.push_to_hub: uploading to {repo} failed ({type(exc).__name__}: "
+                                       f"{first}); the outputs are in output/. Check HF_TOKEN (a write token) and "
+                                       f"the repo id, then: python launch.py --push-to-hub {run.run_dir}")
+        return None
 
 
 def _is_timeout(exc: BaseException) -> bool:

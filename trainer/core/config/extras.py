@@ -41,6 +41,8 @@ EXTRAS: tuple[Extra, ...] = (
     Extra("deepspeed", "deepspeed", _value_of("distributed.sharding", "deepspeed")),
     Extra("bnb", "bitsandbytes", _value_of("train.optimizer", "adamw8bit"), cuda_only=True),
     Extra("xformers", "xformers", _value_of("attention", "xformers"), cuda_only=True),
+    Extra("tensorboard", "tensorboard", lambda c: "logging.tensorboard: true" if c.logging.tensorboard else None),
+    Extra("wandb", "wandb", lambda c: f"logging.wandb: {c.logging.wandb}" if c.logging.wandb else None),
 )
 
 

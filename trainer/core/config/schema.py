@@ -390,6 +390,28 @@ class DistributedConfig:
 
 
 @dataclass
+class LoggingConfig:
+    tensorboard: bool = key(
+        False, "Also write the run's loss, learning rate, every eval metric, the samples (as images), the plan and "
+        "the config (as text) to `runs/<name>/tensorboard/` (`tensorboard --logdir runs`); a resume continues the "
+        "same TensorBoard run. `pip install 'imagetune[tensorboard]'`.")
+    wandb: Optional[str] = key(
+        None, "Also log the same to Weights & Biases, in this project (`project` or `entity/project`); the API key "
+        "comes from `WANDB_API_KEY` or `wandb login`, `WANDB_MODE=offline` logs without network. A resume continues "
+        "the same W&B run (its id is kept in `runs/<name>/wandb-run-id`). `pip install 'imagetune[wandb]'`.")
+
+
+@dataclass
+class OutputConfig:
+    push_to_hub: Optional[str] = key(
+        None, "When the run is done, upload its outputs to this Hugging Face Hub model repo (`user/name` or "
+        "`org/name`; created private if it does not exist) with a generated model card (base model and its licence, "
+        "trigger words, family, method, settings, the last samples). The token comes from `HF_TOKEN` (or `hf auth "
+        "login`) and is never written to the run folder; `HF_ENDPOINT` selects another Hub. A failed upload is a "
+        "`warning`: the run stays done and its files stay in output/.")
+
+
+@dataclass
 class Config:
     version: int = key(SCHEMA_VERSION, "Schema version of this preset (old versions are migrated on load).")
     name: str = key("run", "Run name; the run folder is `runs/<name>` (a number is appended if it exists).")
@@ -422,6 +444,8 @@ class Config:
     detection: DetectionConfig = field(default_factory=DetectionConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
 
 
 def iter_keys(cls=Config, prefix: str = ""):

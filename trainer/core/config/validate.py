@@ -94,6 +94,8 @@ def validate(config: Config, *, check_paths: bool = True) -> list[str]:
     _positive(p, "train.max_nonfinite_steps", t.max_nonfinite_steps)
     _positive(p, "train.scheduler_cycles", t.scheduler_cycles)
     _positive(p, "train.scheduler_power", t.scheduler_power)
+    p += _logging_problems(config.logging)
+    p += _hub_problems(config)
     p += _optimizer_problems(t)
     if len(t.betas) != 2 or not all(0 <= x < 1 for x in t.betas):
         p.append(f"train.betas: must be two numbers in [0, 1), got {t.betas}")
@@ -216,6 +218,37 @@ def _bucket_problems(config: Config, multiple: int) -> list[str]:
     if not p and d.resolution < d.bucket_step:
         p.append(f"data.bucket_step: {d.bucket_step} is larger than data.resolution {d.resolution}")
     return p
+
+
+# logging.wandb: `project` or `entity/project`; W&B refuses these characters in both.
+_WANDB_NAME = re.compile(r"^[^/\\#?%:\s]{1,128}(/[^/\\#?%:\s]{1,128})?$")
+
+
+def _hub_problems(config: Config) -> list[str]:
+    """output.push_to_hub: a repo id the Hub accepts, and a token to upload with (found now, not after training)."""
+    repo = config.output.push_to_hub
+    if repo is None:
+        return []
+    if not _HUB_ID.match(repo) or len(repo) > 96 or "--" in repo or ".." in repo:
+        return [f"output.push_to_hub: {repo!r} is not a Hub repo id: give `user/name` or `org/name` (letters, digits, "
+                "-, _ and .)"]
+    if config.model.family == "detection":
+        return ["output.push_to_hub: uploads diffusion LoRAs and fine-tunes (with their model card); detection "
+                "runs are not uploaded yet"]
+    from huggingface_hub import get_token  # torch-free; a dependency
+
+    if not get_token():
+        return ["output.push_to_hub: no Hugging Face token: set HF_TOKEN (a write token) in the environment or run "
+                "`hf auth login`, or leave output.push_to_hub unset"]
+    return []
+
+
+def _logging_problems(log) -> list[str]:
+    """logging.wandb: a project W&B accepts (the packages both sinks need are extras: trainer.core.config.extras)."""
+    if log.wandb is not None and not _WANDB_NAME.match(log.wandb):
+        return [f"logging.wandb: {log.wandb!r} is not a W&B project: give `project` or `entity/project` (no spaces, "
+                "no / \\ # ? % :, at most 128 characters each)"]
+    return []
 
 
 def _optimizer_problems(t) -> list[str]:
