@@ -64,6 +64,9 @@ class FamilySpec:
     descriptor files point to (a YOLO data.yaml, a COCO json), which an exposed UI confines like the path keys."""
     xformers: bool = True
     """`attention: xformers` applies to its network; False: the plan says `sdpa` with a note instead."""
+    hub_upload_note: str = ""
+    """Why `output.push_to_hub` is refused for it, with the fix; empty: its outputs and a diffusers model card are
+    uploaded (trainer.core.hub)."""
     channels_last: bool = False
     """Its trained network is a UNet of convolutions, which `train.channels_last` stores channels-last on CUDA."""
     resolution_multiple: int | None = 8

@@ -232,9 +232,9 @@ def _hub_problems(config: Config) -> list[str]:
     if not _HUB_ID.match(repo) or len(repo) > 96 or "--" in repo or ".." in repo:
         return [f"output.push_to_hub: {repo!r} is not a Hub repo id: give `user/name` or `org/name` (letters, digits, "
                 "-, _ and .)"]
-    if config.model.family == "detection":
-        return ["output.push_to_hub: uploads diffusion LoRAs and fine-tunes (with their model card); detection "
-                "runs are not uploaded yet"]
+    refused = SPECS[config.model.family].hub_upload_note
+    if refused:
+        return [f"output.push_to_hub: {refused}"]
     from huggingface_hub import get_token  # torch-free; a dependency
 
     if not get_token():

@@ -16,6 +16,8 @@ SPEC = FamilySpec(
     checks="trainer.families.detection.checks:detection_problems",
     data_check="trainer.families.detection.data:check_detection_data",
     dataset_paths="trainer.families.detection.descriptors:descriptor_paths",
+    hub_upload_note="uploads diffusion LoRAs and fine-tunes (with their model card); detection runs are not "
+                    "uploaded yet: leave output.push_to_hub unset",
     xformers=False,  # torchvision detectors have no attention; the DETRs' deformable attention is their own
     resolution_multiple=None,  # checks.py: at least 32, any size (images keep their aspect ratio)
     bucket_multiple=None,
