@@ -187,7 +187,7 @@ TINY_CLIP = {"hidden_size": 16, "intermediate_size": 32, "projection_dim": 16, "
              "num_attention_heads": 2}
 TINY_T5 = {"d_model": 32, "d_kv": 16, "d_ff": 64, "num_layers": 2, "num_heads": 2, "vocab_size": 128}
 SDXL_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
-# The engine's default FLUX LoRA layers (trainer/families/flow/flux.py DOUBLE_TARGETS / SINGLE_TARGETS, written out
+# The engine's default FLUX LoRA layers (trainer/families/flow/flux_layout.py DOUBLE_TARGETS / SINGLE_TARGETS, written out
 # here so this script needs no trainer imports): attention of both streams and both MLPs in the double blocks;
 # q/k/v, proj_mlp and proj_out in the single blocks. A regex: peft matches it against the full module path.
 FLUX_LORA_TARGETS = (r"(transformer_blocks\.\d+\.(attn\.(to_q|to_k|to_v|to_out\.0|add_q_proj|add_k_proj|add_v_proj"

@@ -25,14 +25,8 @@ from diffusers import ChromaPipeline
 
 from trainer.families.components import flow_matching as fm
 from trainer.families.components.transfer import on_device
+from trainer.families.flow import flux_layout
 from trainer.families.flow.family import FlowFamily
-
-# Chroma keeps FLUX.1's block layout and module names (diffusers' ChromaTransformer2DModel).
-DOUBLE_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj",
-                  "attn.add_v_proj", "attn.to_add_out", "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj",
-                  "ff_context.net.2")
-SINGLE_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp", "proj_out")
-
 
 class ChromaFamily(FlowFamily):
     """Chroma: the flow-matching core (FlowFamily) with Chroma's hooks."""
@@ -43,13 +37,7 @@ class ChromaFamily(FlowFamily):
     t5_name = "text_encoder"
 
     def default_lora_targets(self) -> dict[str, tuple[str, ...]]:
-        blocks = self.cfg.flow.lora_blocks
-        out: dict[str, tuple[str, ...]] = {}
-        if blocks in ("all", "double"):
-            out["transformer_blocks"] = DOUBLE_TARGETS
-        if blocks in ("all", "single"):
-            out["single_transformer_blocks"] = SINGLE_TARGETS
-        return out
+        return flux_layout.lora_targets(self.cfg.flow.lora_blocks)
 
     def max_sequence_length(self) -> int:
         return self.cfg.flow.max_sequence_length or 512

@@ -17,13 +17,8 @@ from diffusers import FluxPipeline
 
 from trainer.families.components import flow_matching as fm
 from trainer.families.components.transfer import on_device
+from trainer.families.flow import flux_layout
 from trainer.families.flow.family import FlowFamily
-
-DOUBLE_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj",
-                  "attn.add_v_proj", "attn.to_add_out", "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj",
-                  "ff_context.net.2")
-SINGLE_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp", "proj_out")
-
 
 class FluxFamily(FlowFamily):
     """FLUX.1: the flow-matching core (FlowFamily) with FLUX's hooks."""
@@ -35,13 +30,7 @@ class FluxFamily(FlowFamily):
 
     # ---- FlowModel: what the trainer asks of FLUX ---------------------------------------------------------
     def default_lora_targets(self) -> dict[str, tuple[str, ...]]:
-        blocks = self.cfg.flow.lora_blocks
-        out: dict[str, tuple[str, ...]] = {}
-        if blocks in ("all", "double"):
-            out["transformer_blocks"] = DOUBLE_TARGETS
-        if blocks in ("all", "single"):
-            out["single_transformer_blocks"] = SINGLE_TARGETS
-        return out
+        return flux_layout.lora_targets(self.cfg.flow.lora_blocks)
 
     @property
     def guidance_embeds(self) -> bool:
