@@ -5,6 +5,7 @@
     python launch.py --preset PRESET [KEY=VALUE ...]   train headless with a progress bar
     python launch.py --preset PRESET --dry-run         print the resolved config and the plan; create nothing
     python launch.py --resume RUN_DIR [KEY=VALUE ...]  continue a run from its newest checkpoint
+    python launch.py --export RUN [--step N]           write a checkpoint's outputs (LoRA, model) into the run folder
 
 Exit status: 0 when the run is done or was stopped, 1 when it failed, 2 for a mistake in the command line or
 the preset (reported as one paragraph, no traceback), 130 when interrupted before the run started.
@@ -31,6 +32,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="preset overrides, e.g. train.steps=500")
     p.add_argument("--preset", help="a preset YAML file, or the name of one in presets/")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue this run from its newest complete checkpoint")
+    p.add_argument("--export", metavar="RUN",
+                   help="write the outputs a finished run writes (LoRA files, full model, detector) from a checkpoint "
+                        "of RUN (a run folder, or a run's name in --runs-dir) into RUN/output/step-NNNNNN/")
+    p.add_argument("--step", type=int, metavar="N", help="with --export: the checkpoint's step (default: the newest)")
     p.add_argument("--dry-run", action="store_true", help="print the resolved config and the plan, then stop")
     p.add_argument("--runs-dir", default="runs", help="where run folders are created (default: runs/)")
     ui = p.add_argument_group("web UI")
@@ -51,14 +56,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        if args.preset and args.resume:
-            raise UserError("Use either --preset (start a new run) or --resume RUN_DIR (continue one), not both.")
+        if sum(bool(x) for x in (args.preset, args.resume, args.export)) > 1:
+            raise UserError("Use one of --preset (start a new run), --resume RUN_DIR (continue one) or --export RUN "
+                            "(write a checkpoint's outputs), not several.")
+        if args.step is not None and not args.export:
+            raise UserError("--step goes with --export RUN: it picks the checkpoint whose outputs to write.")
         if args.dry_run and not args.preset:
             raise UserError("--dry-run needs --preset: it shows what a preset would do without creating anything.")
         if args.preset:
             return run_headless(args)
         if args.resume:
             return resume_headless(args)
+        if args.export:
+            return export_headless(args)
         if args.overrides:
             raise UserError(f"KEY=VALUE overrides ({' '.join(args.overrides)}) need --preset or --resume.")
         return start_ui(args)
@@ -109,6 +119,41 @@ def resume_headless(args) -> int:
     changed = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in proc.changes.items())
     print(f"resuming {proc.run_dir} at step {proc.resumed_from.step}" + (f" ({changed})" if changed else ""))
     return follow(proc, start_step=proc.resumed_from.step, offset=offset)
+
+
+def export_headless(args) -> int:
+    import os
+    import subprocess
+
+    from trainer.core.events import EventFollower
+    from trainer.core.outputs import labelled, pick_checkpoint
+    from trainer.core.runfolder import CONFIG_FILE
+
+    if args.overrides:
+        raise UserError(f"--export takes no KEY=VALUE overrides ({' '.join(args.overrides)}): it writes the outputs "
+                        "of the run as it was trained.")
+    run_dir = Path(args.export)
+    if not run_dir.is_dir() and (Path(args.runs_dir) / args.export).is_dir():
+        run_dir = Path(args.runs_dir) / args.export  # a run's name, as the Runs tab lists it
+    if not (run_dir / CONFIG_FILE).is_file():
+        raise UserError(f"--export {args.export}: no run folder there (a folder with {CONFIG_FILE}, as launch.py "
+                        f"creates under {args.runs_dir}/). Give a run folder's path, or a run's name with --runs-dir.")
+    run_dir = run_dir.resolve()
+    step = pick_checkpoint(run_dir, args.step).step  # a wrong --step is refused before the model loads
+    print(f"exporting the checkpoint of step {step} of {run_dir}", flush=True)
+    follower = EventFollower(run_dir)
+    follower.offset = (run_dir / "events.jsonl").stat().st_size if (run_dir / "events.jsonl").exists() else 0
+    # The model loads in a process of its own (torch stays out of this one, as for training)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    code = subprocess.run([sys.executable, "-m", "trainer.engine.export", str(run_dir), "--step", str(step)],
+                          env=env).returncode
+    if code:
+        return code
+    event = next((e for e in reversed(follower.poll()) if e.get("type") == "export" and e.get("step") == step), {})
+    print(f"outputs of step {step}:")
+    for line in labelled([run_dir / p for p in event.get("outputs") or ()], run_dir):
+        print(f"  {line}")
+    return 0
 
 
 def print_plan(plan) -> None:
@@ -195,8 +240,11 @@ def show(event: dict, bar, proc) -> dict | None:
 def report(final: dict, proc) -> int:
     kind = final["type"]
     if kind == "done":
+        from trainer.core.outputs import labelled
+
         outputs = final.get("outputs") or []
-        print("done." + (" outputs:\n  " + "\n  ".join(map(str, outputs)) if outputs else ""))
+        shown = labelled([proc.run_dir / p for p in outputs], proc.run_dir)
+        print("done." + (" outputs:\n  " + "\n  ".join(shown) if outputs else ""))
         if final.get("message"):
             print(final["message"])
         return 0

@@ -9,8 +9,9 @@ from pathlib import Path
 import gradio as gr
 
 from app import runs as R
-from app import ui_dataset, ui_runs, ui_train
+from app import ui_dataset, ui_export, ui_runs, ui_train
 from app.checks import check_values
+from app.exports import Exports
 from app.jobs import HardwareCache, Jobs
 from app.presets import Presets
 from app.security import Workspace
@@ -32,6 +33,7 @@ class AppContext:
     workspace: Workspace
     blocks: gr.Blocks | None = field(default=None)
     login: bool = False  # the UI has a login: show a way out of it
+    exports: Exports = field(default_factory=Exports)  # `launch.py --export` processes the Runs tab started
 
 
 def header_html(hardware_text: str) -> str:
@@ -52,10 +54,12 @@ def build_ui(ctx: AppContext) -> gr.Blocks:
                 train = ui_train.build(ctx)
             with gr.Tab("Runs", id="runs", elem_id="tab-runs"):
                 runs = ui_runs.build(ctx)
+                export = ui_export.build()
             with gr.Tab("Dataset check", id="dataset", elem_id="tab-dataset"):
                 dataset = ui_dataset.build(ctx)
         ui_train.wire(ctx, train)
         ui_runs.wire(ctx, runs)
+        ui_export.wire(ctx, runs, export)
         ui_dataset.wire(ctx, dataset)
         _wire_start(ctx, train, runs, tabs)
         _wire_check_data(ctx, train, dataset, tabs)

@@ -21,6 +21,7 @@ from trainer.errors import UserError
 from trainer.core.events import EventLog
 from trainer.core.runfolder import RunFolder
 from trainer.core.plan import Plan
+from trainer.engine.chatter import quiet_library_chatter
 
 
 class _Silent:
@@ -160,23 +161,6 @@ def _accelerator(config, plan):
                        kwargs_handlers=[InitProcessGroupKwargs(backend="gloo" if cpu else None, timeout=timeout)])
 
 
-def _quiet_library_chatter() -> None:
-    """train.log (and the UI's log box) is for people: the libraries' loading bars and the import-time notices of
-    optional packages (torchao's enum registrations, diffusers looking for torchao classes that have moved)
-    buried the lines that matter. Their warnings about the run itself still come through."""
-    import logging
-
-    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
-    logging.getLogger("diffusers.quantizers.torchao.torchao_quantizer").setLevel(logging.ERROR)
-    from diffusers.utils import logging as diffusers_logging
-    from huggingface_hub.utils import disable_progress_bars
-    from transformers.utils import logging as transformers_logging
-
-    diffusers_logging.disable_progress_bar()
-    transformers_logging.disable_progress_bar()
-    disable_progress_bars()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("run_dir", type=Path)
@@ -188,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
 
     is_rank0 = os.environ.get("RANK", "0") == "0"
     events = EventLog(run_dir) if is_rank0 else _Silent()
-    _quiet_library_chatter()
+    quiet_library_chatter()
     try:
         run = setup(run_dir, args.resume)
         from trainer.engine.loop import fit
