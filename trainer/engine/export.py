@@ -20,6 +20,7 @@ from trainer.core.checkpoint import Checkpoint
 from trainer.core.events import EventLog
 from trainer.core.outputs import export_dir, pick_checkpoint
 from trainer.core.runfolder import RunFolder
+from trainer.core.runlog import launcher_echo
 from trainer.errors import UserError
 
 
@@ -77,12 +78,12 @@ def export_checkpoint(run_dir: Path, step: int | None = None) -> tuple[int, list
 
     from trainer.engine.chatter import quiet_library_chatter
 
-    quiet_library_chatter()  # the same output as the training processes': the lines that matter
+    quiet_library_chatter(run_dir)  # as in the training processes: only the lines that matter
     folder = RunFolder(run_dir)
     ckpt = pick_checkpoint(run_dir, step)
     config = load_config(folder.config, check_paths=False)
     plan = Plan.from_event(folder.read_plan())
-    events = EventLog(run_dir)
+    events = EventLog(run_dir, echo=launcher_echo(run_dir))  # the export's line in train.log too
 
     def log_warning(message: str) -> None:
         print(f"warning: {message}", flush=True)

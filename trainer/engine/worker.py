@@ -20,6 +20,7 @@ from trainer.core.config.load import load_config
 from trainer.errors import UserError
 from trainer.core.events import EventLog
 from trainer.core.runfolder import RunFolder
+from trainer.core.runlog import worker_echo
 from trainer.core.plan import Plan
 from trainer.engine.chatter import quiet_library_chatter
 
@@ -55,12 +56,10 @@ def setup(run_dir: Path, resume: Path | None):
     acc = _accelerator(config, plan)
     if acc.num_processes != plan.world_size:
         raise RuntimeError(f"launched {acc.num_processes} processes but the plan says {plan.world_size}")
-    events = EventLog(run_dir) if acc.is_main_process else _Silent()
+    events = EventLog(run_dir, echo=worker_echo(run_dir)) if acc.is_main_process else _Silent()
 
     def log_warning(message: str) -> None:
-        events.emit("warning", message=message)
-        if acc.is_main_process:
-            print(f"warning: {message}", flush=True)
+        events.emit("warning", message=message)  # and its line in train.log (the echo)
 
     if plan.device == "cpu":
         torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -171,8 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     import os
 
     is_rank0 = os.environ.get("RANK", "0") == "0"
-    events = EventLog(run_dir) if is_rank0 else _Silent()
-    quiet_library_chatter()
+    events = EventLog(run_dir, echo=worker_echo(run_dir)) if is_rank0 else _Silent()
+    quiet_library_chatter(run_dir)
     try:
         run = setup(run_dir, args.resume)
         from trainer.engine.loop import fit
