@@ -220,7 +220,7 @@ def header_html(view: R.RunView | None) -> str:
     what = " · ".join(x for x in (view.family, view.method) if x)
     plan = f'<div class="run-plan">{html.escape(view.plan_line)}</div>' if view.plan_line else ""
     notes = "".join(f"<div class='run-note'>{html.escape(n)}</div>" for n in view.plan_notes)
-    warnings = "".join(f"<div class='run-note warn'>⚠ {html.escape(w)}</div>" for w in view.warnings[-3:])
+    warnings = "".join(f"<div class='run-note warn'>⚠ {html.escape(w)}</div>" for w in view.shown_warnings)
     return (f'<div class="run-head" data-family="{html.escape(view.family)}">'
             f'<span class="run-name">{html.escape(view.name)}</span>'
             f'<span class="badge {view.status}" id="run-status">{status}</span>'
