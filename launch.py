@@ -6,6 +6,8 @@
     python launch.py --preset PRESET --dry-run         print the resolved config and the plan; create nothing
     python launch.py --resume RUN_DIR [KEY=VALUE ...]  continue a run from its newest checkpoint
     python launch.py --export RUN [--step N]           write a checkpoint's outputs (LoRA, model) into the run folder
+    python launch.py --preset PRESET [...] --queue     add a run to the queue (runs/.queue/), validated now
+    python launch.py --queue-worker                    start the queued runs one after another, until none is left
 
 Exit status: 0 when the run is done or was stopped, 1 when it failed, 2 for a mistake in the command line or
 the preset (reported as one paragraph, no traceback), 130 when interrupted before the run started.
@@ -37,6 +39,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "of RUN (a run folder, or a run's name in --runs-dir) into RUN/output/step-NNNNNN/")
     p.add_argument("--step", type=int, metavar="N", help="with --export: the checkpoint's step (default: the newest)")
     p.add_argument("--dry-run", action="store_true", help="print the resolved config and the plan, then stop")
+    p.add_argument("--queue", action="store_true",
+                   help="with --preset: queue the run (it starts when the runs before it have ended) instead of now")
+    p.add_argument("--queue-worker", action="store_true",
+                   help="start the queued runs of --runs-dir one after another, each when no run holds the machine")
     p.add_argument("--runs-dir", default="runs", help="where run folders are created (default: runs/)")
     ui = p.add_argument_group("web UI")
     ui.add_argument("--host", default="127.0.0.1")
@@ -59,10 +65,17 @@ def main(argv: list[str] | None = None) -> int:
         if sum(bool(x) for x in (args.preset, args.resume, args.export)) > 1:
             raise UserError("Use one of --preset (start a new run), --resume RUN_DIR (continue one) or --export RUN "
                             "(write a checkpoint's outputs), not several.")
+        if args.queue and (not args.preset or args.dry_run):
+            raise UserError("--queue goes with --preset (and without --dry-run): it queues that run.")
+        if args.queue_worker and (args.preset or args.resume or args.export or args.overrides):
+            raise UserError("--queue-worker takes only --runs-dir: it starts the runs already queued there "
+                            "(queue them with --preset ... --queue).")
         if args.step is not None and not args.export:
             raise UserError("--step goes with --export RUN: it picks the checkpoint whose outputs to write.")
         if args.dry_run and not args.preset:
             raise UserError("--dry-run needs --preset: it shows what a preset would do without creating anything.")
+        if args.queue_worker:
+            return queue_worker(args)
         if args.preset:
             return run_headless(args)
         if args.resume:
@@ -93,7 +106,7 @@ def find_preset(name: str) -> str:
 
 def run_headless(args) -> int:
     from trainer.core.config import load_config, to_yaml
-    from trainer.core.launcher import plan_for, prepare_run, start_run
+    from trainer.core.launcher import plan_for
 
     config = load_config(find_preset(args.preset), args.overrides)
     if args.dry_run:
@@ -101,11 +114,33 @@ def run_headless(args) -> int:
         print(to_yaml(config), end="")
         print_plan(plan)
         return 0
+    if args.queue:
+        from trainer.core import queue
+
+        entry = queue.add(args.runs_dir, config)
+        print(f"queued {entry.name} at position {entry.position} ({entry.path}); `python launch.py --queue-worker "
+              f"--runs-dir {args.runs_dir}` starts the queued runs")
+        return 0
+    return start_and_follow(config, args)
+
+
+def start_and_follow(config, args) -> int:
+    from trainer.core.launcher import prepare_run, start_run
+
     run_dir, plan = prepare_run(config, args.runs_dir)
     print_plan(plan)
     print(f"run folder: {run_dir}", flush=True)
     proc = start_run(run_dir, plan, config, worker_module=args.worker_module)
     return follow(proc, start_step=0, offset=0)
+
+
+def queue_worker(args) -> int:
+    from trainer.core import queue
+
+    failures = queue.drain(args.runs_dir, lambda config: start_and_follow(config, args),
+                           say=lambda line: print(f"queue: {line}", flush=True))
+    print(f"queue: empty ({failures} run(s) did not end well)" if failures else "queue: empty")
+    return 1 if failures else 0
 
 
 def resume_headless(args) -> int:
@@ -149,7 +184,7 @@ def export_headless(args) -> int:
                           env=env).returncode
     if code:
         return code
-    event = next((e for e in reversed(follower.poll()) if e.get("type") == "export" and e.get("step") == step), {})
+    event: dict = next((e for e in reversed(follower.poll()) if e.get("type") == "export" and e.get("step") == step), {})
     print(f"outputs of step {step}:")
     for line in labelled([run_dir / p for p in event.get("outputs") or ()], run_dir):
         print(f"  {line}")

@@ -19,6 +19,7 @@ from trainer.core.assets import DEMO_DIR
 from trainer.core.events import FINAL_TYPES
 from trainer.core.runfolder import CONFIG_FILE, EVENTS_FILE, LOG_FILE, PID_FILE, STOP_FILE, RunFolder, tail_lines
 from trainer.core.stall import STALL_PREFIX
+from app.queue_view import queue_rows, queue_stamp  # noqa: F401  (queue_rows: the Runs tab's table, R.queue_rows)
 
 RUN_COLUMNS = ["run", "family", "method", "status", "step", "loss", "started"]
 
@@ -218,7 +219,7 @@ def fingerprint(runs_dir: str | Path, selected: str | None) -> str:
                     parts.append(f"{extra.name}:{extra.stat().st_mtime_ns}")
                 except OSError:
                     pass
-    return f"{selected}|" + "|".join(parts)
+    return f"{selected}|queue:{queue_stamp(runs_dir)}|" + "|".join(parts)
 
 
 def fmt_duration(seconds) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 import gradio as gr
 
 from app import runs as R
-from app import ui_dataset, ui_export, ui_runs, ui_train
+from app import ui_dataset, ui_export, ui_queue, ui_runs, ui_train
 from app.checks import check_values
 from app.exports import Exports
 from app.jobs import HardwareCache, Jobs
@@ -53,6 +53,7 @@ def build_ui(ctx: AppContext) -> gr.Blocks:
             with gr.Tab("New run", id="train", elem_id="tab-train"):
                 train = ui_train.build(ctx)
             with gr.Tab("Runs", id="runs", elem_id="tab-runs"):
+                queued = ui_queue.build()
                 runs = ui_runs.build(ctx)
                 export = ui_export.build()
             with gr.Tab("Dataset check", id="dataset", elem_id="tab-dataset"):
@@ -60,6 +61,7 @@ def build_ui(ctx: AppContext) -> gr.Blocks:
         ui_train.wire(ctx, train)
         ui_runs.wire(ctx, runs)
         ui_export.wire(ctx, runs, export)
+        ui_queue.wire(ctx, runs, queued)
         ui_dataset.wire(ctx, dataset)
         _wire_start(ctx, train, runs, tabs)
         _wire_check_data(ctx, train, dataset, tabs)

@@ -246,7 +246,7 @@ def snapshot(ctx, name: str | None) -> dict:
     names = [v.name for v in views]
     view = next((v for v in views if v.name == name), None)
     data = {
-        "table": R.run_rows(views),
+        "table": R.queue_rows(ctx.jobs.runs_dir) + R.run_rows(views),
         "select": (tuple(names), name if view else None),
         "header": header_html(view),
         "failed": failed_html(view),
@@ -352,7 +352,7 @@ def wire(ctx, t: RunsTab) -> None:
 
     def on_table_select(evt: gr.SelectData):
         row = evt.row_value or []
-        return row[0] if row else gr.skip()
+        return row[0] if row and not str(row[3]).startswith("queued") else gr.skip()  # a queued run has no folder
 
     t.table.select(on_table_select, outputs=[t.select]).then(
         lambda name: refresh_(name, {}), inputs=[t.select], outputs=outs, show_progress="hidden")
