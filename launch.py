@@ -136,8 +136,15 @@ def start_and_follow(config, args) -> int:
 
 def queue_worker(args) -> int:
     from trainer.core import queue
+    from trainer.core.launcher import prepare_run, start_run
 
-    failures = queue.drain(args.runs_dir, lambda config: start_and_follow(config, args),
+    def launch(config):
+        run_dir, plan = prepare_run(config, args.runs_dir)
+        print_plan(plan)
+        print(f"run folder: {run_dir}", flush=True)
+        return start_run(run_dir, plan, config, worker_module=args.worker_module)
+
+    failures = queue.drain(args.runs_dir, launch, lambda proc: follow(proc, start_step=0, offset=0),
                            say=lambda line: print(f"queue: {line}", flush=True))
     print(f"queue: empty ({failures} run(s) did not end well)" if failures else "queue: empty")
     return 1 if failures else 0

@@ -91,6 +91,11 @@ def _wire_start(ctx: AppContext, train: ui_train.TrainTab, runs: ui_runs.RunsTab
             except UserError as exc:
                 check.add(str(exc))
             else:
+                if not isinstance(run_dir, Path):  # queued: a run holds the machine, or others wait before it
+                    message = (f'<div class="msg-box ok">Queued <b>{html.escape(run_dir.name)}</b> as '
+                               f'#{run_dir.position}: it starts when the runs before it have ended (the '
+                               f'<b>Runs</b> tab lists it, and can cancel it).</div>')
+                    return message, ui_train.problems_html(check), gr.skip(), gr.skip(), gr.skip()
                 names = [v.name for v in R.list_runs(ctx.runs_dir)]
                 message = (f'<div class="msg-box ok">Started <b>{html.escape(run_dir.name)}</b>. '
                            f'It is followed in the <b>Runs</b> tab.</div>')

@@ -37,7 +37,7 @@ def test_queued_runs_start_in_order_a_broken_one_is_skipped_a_cancelled_one_neve
     worker = cli("--queue-worker", "--runs-dir", str(runs))
     assert worker.returncode == 1, worker.stdout + worker.stderr  # one run did not start
     assert "queue: queued run first was not started:" in worker.stdout and str(data) in worker.stdout
-    assert worker.stdout.index("starting queued run first") < worker.stdout.index("starting queued run second")
+    assert worker.stdout.index("queued run first was not started") < worker.stdout.index("started queued run second")
     assert final_event(read_events(runs / "second"))["type"] == "done"
     assert not (runs / "first").exists() and not (runs / "third").exists()
     assert queue.entries(runs) == [] and "queue: empty" in worker.stdout

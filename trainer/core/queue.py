@@ -11,12 +11,14 @@ entry: add = write a temp file and rename it in; cancel = unlink; take = rename 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator, TypeVar
 
 from trainer.core.config import Config, load_config, to_yaml
 from trainer.core.runfolder import RunFolder, check_run_name
@@ -24,6 +26,7 @@ from trainer.errors import UserError
 
 QUEUE_DIR = ".queue"
 CLAIMED = ".claimed"
+T = TypeVar("T")
 _ENTRY = re.compile(r"^(\d{19,})-([A-Za-z0-9][A-Za-z0-9._-]*)\.yaml$")
 
 
@@ -104,31 +107,60 @@ def busy_runs(runs_dir: str | Path) -> list[str]:
                   if p.is_dir() and not p.name.startswith(".") and RunFolder(p).is_alive())
 
 
-def drain(runs_dir: str | Path, start: Callable[[Config], int], say: Callable[[str], None],
-          poll_s: float = 2.0) -> int:
-    """Start the queued runs one after another, each once no run in the folder holds the machine, until the queue
-    is empty; the number that did not end well. A run that fails, or whose config no longer validates, is
-    reported and the queue goes on."""
-    failures, waiting_for = 0, None
-    while True:
-        busy = busy_runs(runs_dir)
-        if busy:
-            if busy != waiting_for:
-                say(f"waiting for {', '.join(busy)} to end before the next queued run")
-                waiting_for = busy
-            time.sleep(poll_s)  # a daemon's poll of the runs folder, as the UI's
-            continue
-        waiting_for = None
+@contextmanager
+def exclusive(runs_dir: str | Path) -> Iterator[None]:
+    """The queue's lock (runs/.queue/.lock, flock): held from "is the machine free?" to the started run's process
+    being recorded, so two starters (two UIs' runners, a UI's Start, a --queue-worker) never start two runs at once."""
+    root = queue_dir(runs_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def start_next(runs_dir: str | Path, launch: Callable[[Config], T]) -> str | tuple[Queued, T | UserError]:
+    """Under the queue's lock: "busy" while a run is alive, "empty" without a queued run; else the next entry,
+    taken, and what `launch(config)` returned (it must return once the run's process is recorded: prepare_run and
+    start_run), or the UserError that refused it (its config no longer validates)."""
+    with exclusive(runs_dir):
+        if busy_runs(runs_dir):
+            return "busy"
         got = take(runs_dir)
         if got is None:
-            return failures
+            return "empty"
         entry, claimed = got
-        say(f"starting queued run {entry.name}")
         try:
-            code = start(load_claimed(claimed))
+            return entry, launch(load_claimed(claimed))
         except UserError as exc:
-            say(f"queued run {entry.name} was not started: {exc}")
-            code = 2
+            return entry, exc
         finally:
             claimed.unlink(missing_ok=True)
-        failures += code != 0
+
+
+def drain(runs_dir: str | Path, launch: Callable[[Config], T], wait: Callable[[T], int], say: Callable[[str], None],
+          poll_s: float = 2.0) -> int:
+    """Start the queued runs one after another, each once no run in the folder is alive, until the queue is empty;
+    the number that did not end well. A run that fails, or whose config no longer validates, is reported and the
+    queue goes on."""
+    failures, waiting = 0, False
+    while True:
+        got = start_next(runs_dir, launch)
+        if got == "empty":
+            return failures
+        if isinstance(got, str):  # "busy"
+            if not waiting:
+                say(f"waiting for {', '.join(busy_runs(runs_dir)) or 'a run'} to end before the next queued run")
+            waiting = True
+            time.sleep(poll_s)  # a poll of the runs folder, as the UI's
+            continue
+        waiting = False
+        entry, started = got
+        if isinstance(started, UserError):
+            say(f"queued run {entry.name} was not started: {started}")
+            failures += 1
+            continue
+        say(f"started queued run {entry.name}")
+        failures += wait(started) != 0
