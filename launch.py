@@ -8,6 +8,9 @@
     python launch.py --import-kohya FILE.json|FILE.toml [--out P.yaml]   a preset from a kohya_ss / sd-scripts config
     python launch.py --import-ai-toolkit JOB.yaml [--out P.yaml]         a preset from an ai-toolkit job
     python launch.py --push-to-hub RUN_DIR [REPO_ID]   upload a done run's outputs and model card to the Hub
+    python launch.py --export RUN [--step N]           write a checkpoint's outputs (LoRA, model) into the run folder
+    python launch.py --preset PRESET [...] --queue     add a run to the queue (runs/.queue/), validated now
+    python launch.py --queue-worker                    start the queued runs one after another, until none is left
 
 Exit status: 0 when the run is done or was stopped, 1 when it failed, 2 for a mistake in the command line or
 the preset (reported as one paragraph, no traceback), 130 when interrupted before the run started.
@@ -34,7 +37,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="preset overrides, e.g. train.steps=500")
     p.add_argument("--preset", help="a preset YAML file, or the name of one in presets/")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue this run from its newest complete checkpoint")
+    p.add_argument("--export", metavar="RUN",
+                   help="write the outputs a finished run writes (LoRA files, full model, detector) from a checkpoint "
+                        "of RUN (a run folder, or a run's name in --runs-dir) into RUN/output/step-NNNNNN/")
+    p.add_argument("--step", type=int, metavar="N", help="with --export: the checkpoint's step (default: the newest)")
     p.add_argument("--dry-run", action="store_true", help="print the resolved config and the plan, then stop")
+    p.add_argument("--queue", action="store_true",
+                   help="with --preset: queue the run (it starts when the runs before it have ended) instead of now")
+    p.add_argument("--queue-worker", action="store_true",
+                   help="start the queued runs of --runs-dir one after another, each when no run holds the machine")
     p.add_argument("--runs-dir", default="runs", help="where run folders are created (default: runs/)")
     bring = p.add_argument_group("import another trainer's config")
     bring.add_argument("--import-kohya", metavar="FILE", help="a kohya_ss GUI config (.json) or an sd-scripts "
@@ -63,8 +74,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        if args.preset and args.resume:
-            raise UserError("Use either --preset (start a new run) or --resume RUN_DIR (continue one), not both.")
+        if sum(bool(x) for x in (args.preset, args.resume, args.export)) > 1:
+            raise UserError("Use one of --preset (start a new run), --resume RUN_DIR (continue one) or --export RUN "
+                            "(write a checkpoint's outputs), not several.")
+        if args.queue and (not args.preset or args.dry_run):
+            raise UserError("--queue goes with --preset (and without --dry-run): it queues that run.")
+        if args.queue_worker and (args.preset or args.resume or args.export or args.overrides):
+            raise UserError("--queue-worker takes only --runs-dir: it starts the runs already queued there "
+                            "(queue them with --preset ... --queue).")
+        if args.step is not None and not args.export:
+            raise UserError("--step goes with --export RUN: it picks the checkpoint whose outputs to write.")
         if args.dry_run and not args.preset:
             raise UserError("--dry-run needs --preset: it shows what a preset would do without creating anything.")
         if args.import_kohya or args.import_ai_toolkit:
@@ -74,10 +93,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             raise UserError("--out names where an imported preset goes: use it with --import-kohya or "
                             "--import-ai-toolkit.")
+        if args.queue_worker:
+            return queue_worker(args)
         if args.preset:
             return run_headless(args)
         if args.resume:
             return resume_headless(args)
+        if args.export:
+            return export_headless(args)
         if args.overrides:
             raise UserError(f"KEY=VALUE overrides ({' '.join(args.overrides)}) need --preset or --resume.")
         return start_ui(args)
@@ -117,7 +140,7 @@ def run_headless(args) -> int:
     from dataclasses import replace
 
     from trainer.core.config import load_config, to_yaml
-    from trainer.core.launcher import plan_for, prepare_run, start_run
+    from trainer.core.launcher import plan_for
 
     overrides, cluster = slurm_overrides(args.overrides)
     config = load_config(find_preset(args.preset), overrides)
@@ -126,6 +149,19 @@ def run_headless(args) -> int:
         print(to_yaml(config), end="")
         print_plan(plan)
         return 0
+    if args.queue:
+        from trainer.core import queue
+
+        entry = queue.add(args.runs_dir, config)
+        print(f"queued {entry.name} at position {entry.position} ({entry.path}); `python launch.py --queue-worker "
+              f"--runs-dir {args.runs_dir}` starts the queued runs")
+        return 0
+    return start_and_follow(config, args, cluster)
+
+
+def start_and_follow(config, args, cluster: str = "") -> int:
+    from trainer.core.launcher import prepare_run, start_run
+
     run_dir, plan = prepare_run(config, args.runs_dir, cluster=cluster)
     print_plan(plan)
     print(f"run folder: {run_dir}", flush=True)
@@ -190,6 +226,22 @@ def push_headless(args) -> int:
     return 0
 
 
+def queue_worker(args) -> int:
+    from trainer.core import queue
+    from trainer.core.launcher import prepare_run, start_run
+
+    def launch(config):
+        run_dir, plan = prepare_run(config, args.runs_dir)
+        print_plan(plan)
+        print(f"run folder: {run_dir}", flush=True)
+        return start_run(run_dir, plan, config, worker_module=args.worker_module)
+
+    failures = queue.drain(args.runs_dir, launch, lambda proc: follow(proc, start_step=0, offset=0),
+                           say=lambda line: print(f"queue: {line}", flush=True))
+    print(f"queue: empty ({failures} run(s) did not end well)" if failures else "queue: empty")
+    return 1 if failures else 0
+
+
 def resume_headless(args) -> int:
     from trainer.core.runfolder import EVENTS_FILE
     from trainer.core.resume import resume_run
@@ -204,6 +256,41 @@ def resume_headless(args) -> int:
     changed = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in proc.changes.items())
     print(f"resuming {proc.run_dir} at step {proc.resumed_from.step}" + (f" ({changed})" if changed else ""))
     return follow(proc, start_step=proc.resumed_from.step, offset=offset)
+
+
+def export_headless(args) -> int:
+    import os
+    import subprocess
+
+    from trainer.core.events import EventFollower
+    from trainer.core.outputs import labelled, pick_checkpoint
+    from trainer.core.runfolder import CONFIG_FILE
+
+    if args.overrides:
+        raise UserError(f"--export takes no KEY=VALUE overrides ({' '.join(args.overrides)}): it writes the outputs "
+                        "of the run as it was trained.")
+    run_dir = Path(args.export)
+    if not run_dir.is_dir() and (Path(args.runs_dir) / args.export).is_dir():
+        run_dir = Path(args.runs_dir) / args.export  # a run's name, as the Runs tab lists it
+    if not (run_dir / CONFIG_FILE).is_file():
+        raise UserError(f"--export {args.export}: no run folder there (a folder with {CONFIG_FILE}, as launch.py "
+                        f"creates under {args.runs_dir}/). Give a run folder's path, or a run's name with --runs-dir.")
+    run_dir = run_dir.resolve()
+    step = pick_checkpoint(run_dir, args.step).step  # a wrong --step is refused before the model loads
+    print(f"exporting the checkpoint of step {step} of {run_dir}", flush=True)
+    follower = EventFollower(run_dir)
+    follower.offset = (run_dir / "events.jsonl").stat().st_size if (run_dir / "events.jsonl").exists() else 0
+    # The model loads in a process of its own (torch stays out of this one, as for training)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    code = subprocess.run([sys.executable, "-m", "trainer.engine.export", str(run_dir), "--step", str(step)],
+                          env=env).returncode
+    if code:
+        return code
+    event: dict = next((e for e in reversed(follower.poll()) if e.get("type") == "export" and e.get("step") == step), {})
+    print(f"outputs of step {step}:")
+    for line in labelled([run_dir / p for p in event.get("outputs") or ()], run_dir):
+        print(f"  {line}")
+    return 0
 
 
 def print_plan(plan) -> None:
@@ -290,8 +377,11 @@ def show(event: dict, bar, proc) -> dict | None:
 def report(final: dict, proc) -> int:
     kind = final["type"]
     if kind == "done":
+        from trainer.core.outputs import labelled
+
         outputs = final.get("outputs") or []
-        print("done." + (" outputs:\n  " + "\n  ".join(map(str, outputs)) if outputs else ""))
+        shown = labelled([proc.run_dir / p for p in outputs], proc.run_dir)
+        print("done." + (" outputs:\n  " + "\n  ".join(shown) if outputs else ""))
         if final.get("message"):
             print(final["message"])
         return 0

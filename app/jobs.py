@@ -21,6 +21,7 @@ from trainer.core.config import Config
 from trainer.core.config.validate import parse_devices
 from trainer.errors import UserError
 from trainer.core.hardware import Hardware, probe_in_subprocess
+from trainer.core import queue
 from trainer.core.assets import DEMO_DIR, demo_assets
 from trainer.core.runfolder import request_stop
 
@@ -89,6 +90,7 @@ class Jobs:
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="imagetune-job")
         self._demo: Future | None = None
+        self._closing = threading.Event()
 
     # -- the offline demo's model and data are built once, in the background, so Start is quick ---------------
     def warm_demo(self) -> None:
@@ -130,15 +132,37 @@ class Jobs:
                 if self._procs.get(Path(proc.run_dir)) is proc:
                     del self._procs[Path(proc.run_dir)]
 
-    def start(self, config: Config) -> Path:
-        from trainer.core.launcher import prepare_run, start_run
-
+    def start(self, config: Config) -> Path | queue.Queued:
+        """Start the run now, or queue it (its entry returned) while a run is alive or others wait before it."""
         if self._demo is not None and not self._demo.done():
             self._demo.result()  # the demo assets are being built: wait rather than build them twice
         self._approve(config)  # again here: whatever called start, the config it passes is the one that runs
+        with queue.exclusive(self.runs_dir):  # no queue runner starts one between the look and the start
+            if queue.busy_runs(self.runs_dir) or queue.entries(self.runs_dir):
+                return queue.add(self.runs_dir, config)
+            return self._launch(config)
+
+    def _launch(self, config: Config) -> Path:
+        from trainer.core.launcher import prepare_run, start_run
+
+        self._approve(config)  # a queued config: approved again when it starts
         run_dir, plan = prepare_run(config, self.runs_dir, self.hardware.for_config(config, wait=300))
         self._watch(start_run(run_dir, plan, config))
         return run_dir
+
+    def start_queue_runner(self, poll_s: float = 2.0) -> None:
+        """Start the queued runs (this UI's, another's, the command line's) one after another, each once no run in
+        the folder is alive. Two UIs' runners take turns under the queue's lock (trainer.core.queue)."""
+        def loop() -> None:
+            while not self._closing.wait(poll_s):  # a poll of the runs folder, as the Runs tab's
+                try:
+                    got = queue.start_next(self.runs_dir, self._launch)
+                except Exception:
+                    log.exception("the queue runner could not start the next run")
+                    continue
+                if isinstance(got, tuple) and isinstance(got[1], UserError):
+                    log.warning("queued run %s was not started: %s", got[0].name, got[1])
+        threading.Thread(target=loop, daemon=True, name="queue-runner").start()
 
     def stop(self, name: str) -> None:
         request_stop(self.run_dir(name))
@@ -183,4 +207,5 @@ class Jobs:
         shutil.rmtree(run_dir)
 
     def shutdown(self) -> None:
+        self._closing.set()
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -18,6 +18,8 @@ from app.run_checks import Unreadable, checked_event, config_summary, number_or_
 from trainer.core.assets import DEMO_DIR
 from trainer.core.events import FINAL_TYPES
 from trainer.core.runfolder import CONFIG_FILE, EVENTS_FILE, LOG_FILE, PID_FILE, STOP_FILE, RunFolder, tail_lines
+from trainer.core.stall import STALL_PREFIX
+from app.queue_view import queue_rows, queue_stamp  # noqa: F401  (queue_rows: the Runs tab's table, R.queue_rows)
 
 RUN_COLUMNS = ["run", "family", "method", "status", "step", "loss", "started"]
 
@@ -89,6 +91,7 @@ class RunView:
     lrs: dict[int, float] = field(default_factory=dict)
     samples: dict[tuple[int, int], dict] = field(default_factory=dict)  # (step, prompt index) -> sample event
     warnings: list[str] = field(default_factory=list)
+    stall: str | None = None  # the launcher's stall warning, while no step has followed it (trainer.core.stall)
     evals: dict[int, dict] = field(default_factory=dict)  # step -> its `eval` events, merged
     best: dict | None = None  # the latest `best` event: {"step", "metric", "value", ...}
     has_progress: bool = False  # this launch reported a step (else it is still loading the model)
@@ -99,6 +102,11 @@ class RunView:
     @property
     def active(self) -> bool:
         return self.status in ("running", "stopping", "finishing")
+
+    @property
+    def shown_warnings(self) -> list[str]:
+        """The last three warnings, and a stall warning that nothing has answered yet."""
+        return self.warnings[-3:] + ([self.stall] if self.stall else [])
 
 
 def read_run(run_dir: str | Path, cache: EventCache = CACHE) -> RunView:
@@ -134,9 +142,9 @@ def _read_run(run_dir: Path, cache: EventCache) -> RunView:
             total, view.steps = plan.get("total") or total, plan.get("steps") or view.steps
             view.step = event.get("step", view.step)
             view.final, view.has_progress, view.eta_s, view.it_per_s = None, False, None, None
-            view.ranks, view.slowest_rank = [], None
+            view.ranks, view.slowest_rank, view.stall = [], None, None
         elif kind == "progress":
-            view.has_progress = True
+            view.has_progress, view.stall = True, None
             view.step, view.steps = event.get("step", view.step), event.get("steps") or view.steps
             view.loss, view.lr, view.eta_s = event.get("loss"), event.get("lr"), event.get("eta_s")
             rate = event.get("samples_per_s")
@@ -158,9 +166,13 @@ def _read_run(run_dir: Path, cache: EventCache) -> RunView:
         elif kind == "best" and event.get("step") is not None:
             view.best = event
         elif kind == "warning":
-            view.warnings.append(str(event.get("message", "")))
+            message = str(event.get("message", ""))
+            if message.startswith(STALL_PREFIX):
+                view.stall = message  # true until the run steps again or ends, not for good
+            else:
+                view.warnings.append(message)
         elif kind in FINAL_TYPES:
-            view.final = event
+            view.final, view.stall = event, None
             if kind == "done":
                 view.step = event.get("step", view.step)
     if view.final is not None:
@@ -207,7 +219,7 @@ def fingerprint(runs_dir: str | Path, selected: str | None) -> str:
                     parts.append(f"{extra.name}:{extra.stat().st_mtime_ns}")
                 except OSError:
                     pass
-    return f"{selected}|" + "|".join(parts)
+    return f"{selected}|queue:{queue_stamp(runs_dir)}|" + "|".join(parts)
 
 
 def fmt_duration(seconds) -> str:

@@ -9,8 +9,9 @@ from pathlib import Path
 import gradio as gr
 
 from app import runs as R
-from app import ui_dataset, ui_runs, ui_train
+from app import ui_dataset, ui_export, ui_queue, ui_runs, ui_train
 from app.checks import check_values
+from app.exports import Exports
 from app.jobs import HardwareCache, Jobs
 from app.presets import Presets
 from app.security import Workspace
@@ -32,6 +33,7 @@ class AppContext:
     workspace: Workspace
     blocks: gr.Blocks | None = field(default=None)
     login: bool = False  # the UI has a login: show a way out of it
+    exports: Exports = field(default_factory=Exports)  # `launch.py --export` processes the Runs tab started
 
 
 def header_html(hardware_text: str) -> str:
@@ -51,11 +53,15 @@ def build_ui(ctx: AppContext) -> gr.Blocks:
             with gr.Tab("New run", id="train", elem_id="tab-train"):
                 train = ui_train.build(ctx)
             with gr.Tab("Runs", id="runs", elem_id="tab-runs"):
+                queued = ui_queue.build()
                 runs = ui_runs.build(ctx)
+                export = ui_export.build()
             with gr.Tab("Dataset check", id="dataset", elem_id="tab-dataset"):
                 dataset = ui_dataset.build(ctx)
         ui_train.wire(ctx, train)
         ui_runs.wire(ctx, runs)
+        ui_export.wire(ctx, runs, export)
+        ui_queue.wire(ctx, runs, queued)
         ui_dataset.wire(ctx, dataset)
         _wire_start(ctx, train, runs, tabs)
         _wire_check_data(ctx, train, dataset, tabs)
@@ -85,6 +91,11 @@ def _wire_start(ctx: AppContext, train: ui_train.TrainTab, runs: ui_runs.RunsTab
             except UserError as exc:
                 check.add(str(exc))
             else:
+                if not isinstance(run_dir, Path):  # queued: a run holds the machine, or others wait before it
+                    message = (f'<div class="msg-box ok">Queued <b>{html.escape(run_dir.name)}</b> as '
+                               f'#{run_dir.position}: it starts when the runs before it have ended (the '
+                               f'<b>Runs</b> tab lists it, and can cancel it).</div>')
+                    return message, ui_train.problems_html(check), gr.skip(), gr.skip(), gr.skip()
                 names = [v.name for v in R.list_runs(ctx.runs_dir)]
                 message = (f'<div class="msg-box ok">Started <b>{html.escape(run_dir.name)}</b>. '
                            f'It is followed in the <b>Runs</b> tab.</div>')

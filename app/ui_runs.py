@@ -220,7 +220,7 @@ def header_html(view: R.RunView | None) -> str:
     what = " · ".join(x for x in (view.family, view.method) if x)
     plan = f'<div class="run-plan">{html.escape(view.plan_line)}</div>' if view.plan_line else ""
     notes = "".join(f"<div class='run-note'>{html.escape(n)}</div>" for n in view.plan_notes)
-    warnings = "".join(f"<div class='run-note warn'>⚠ {html.escape(w)}</div>" for w in view.warnings[-3:])
+    warnings = "".join(f"<div class='run-note warn'>⚠ {html.escape(w)}</div>" for w in view.shown_warnings)
     return (f'<div class="run-head" data-family="{html.escape(view.family)}">'
             f'<span class="run-name">{html.escape(view.name)}</span>'
             f'<span class="badge {view.status}" id="run-status">{status}</span>'
@@ -260,7 +260,7 @@ def snapshot(ctx, name: str | None) -> dict:
     names = [v.name for v in views]
     view = next((v for v in views if v.name == name), None)
     data = {
-        "table": R.run_rows(views),
+        "table": R.queue_rows(ctx.jobs.runs_dir) + R.run_rows(views),
         "select": (tuple(names), name if view else None),
         "header": header_html(view),
         "failed": failed_html(view),
@@ -366,7 +366,7 @@ def wire(ctx, t: RunsTab) -> None:
 
     def on_table_select(evt: gr.SelectData):
         row = evt.row_value or []
-        return row[0] if row else gr.skip()
+        return row[0] if row and not str(row[3]).startswith("queued") else gr.skip()  # a queued run has no folder
 
     t.table.select(on_table_select, outputs=[t.select]).then(
         lambda name: refresh_(name, {}), inputs=[t.select], outputs=outs, show_progress="hidden")

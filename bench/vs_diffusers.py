@@ -218,7 +218,7 @@ def base_env(threads: int | None, config) -> dict:
 # imports and the rest: its worker reports no time between them). imagetune: the modules its worker imports before
 # and during setup (as bench/_common.py lists them); the script: its own top-level import statements, read with `ast`
 # from --script and executed (no more of it).
-WORKER_IMPORTS = ("import trainer.engine.worker as w; w._quiet_library_chatter(); import accelerate, torch; "
+WORKER_IMPORTS = ("import trainer.engine.worker as w; w.quiet_library_chatter(); import accelerate, torch; "
                   "import trainer.families.sd.family, trainer.core.events, trainer.engine.loop, trainer.engine.input")
 SCRIPT_IMPORTS = ("import ast, sys; tree = ast.parse(open(sys.argv[1]).read()); "
                   "exec(compile(ast.Module([n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))], []), "

@@ -34,9 +34,9 @@ def free_port() -> int:
 class AppProcess:
     """`python launch.py --port P --runs-dir D` with its output in a log file."""
 
-    def __init__(self, tmp: Path, port: int | None = None, extra_env: dict | None = None):
+    def __init__(self, tmp: Path, port: int | None = None, extra_env: dict | None = None, runs_dir: Path | None = None):
         self.port = port or free_port()
-        self.runs_dir = tmp / "runs"
+        self.runs_dir = runs_dir or tmp / "runs"  # another app's: two UIs on one runs folder
         self.home = tmp / "home"
         self.log_path = tmp / "app.log"
         env = {**os.environ, "IMAGETUNE_HOME": str(self.home), "GRADIO_ANALYTICS_ENABLED": "False",

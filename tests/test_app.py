@@ -572,3 +572,21 @@ def test_the_loss_plot_shows_a_smoothed_trend_under_the_noisy_per_step_losses():
     assert smooth[20] < smooth[10] < smooth[2]  # follows the trend
     frame = _loss_frame(noisy)
     assert sorted(set(frame["series"])) == ["per step", "smoothed"] and len(frame) == 12
+
+
+@pytest.mark.parametrize("after, shown", [
+    ([], True),  # nothing answered it yet: the run may really be stuck
+    ([{"type": "progress", "step": 4, "steps": 10, "loss": 0.1}], False),  # it stepped again
+    ([{"type": "stopped", "step": 3}], False),  # it ended (a stall that ends a run is the `failed` reason)
+    ([{"type": "resumed", "step": 3, "plan": {}}], False),  # a new launch
+])
+def test_a_stall_warning_shows_only_until_the_run_moves_on_or_ends(tmp_path, after, shown):
+    from app.ui_runs import header_html
+
+    stall = "No step for 210 s. rank 0 alive but finishing no step (a deadlock?): rank 0 (at step, last step 3)."
+    events = [{"type": "plan", "line": "1 process", "total": 1},
+              {"type": "progress", "step": 3, "steps": 10, "loss": 0.2},
+              {"type": "warning", "message": "disk nearly full"}, {"type": "warning", "message": stall}, *after]
+    view = read_run(write_run(tmp_path, "r", events))
+    assert ("a deadlock?" in header_html(view)) == shown
+    assert "disk nearly full" in header_html(view)  # other warnings stay

@@ -263,6 +263,7 @@ ROWS: dict[str, Seen | Shown] = {
     "detection.best_metric": Shown("test_val_loss.py::test_the_best_checkpoint_keeps_the_lowest_val_loss"),
     "checkpoint.every": Shown("test_engine.py::test_stopped_then_resumed_on_another_process_count_matches"),
     "checkpoint.keep": Shown("test_checkpoint.py::test_checkpoints_are_complete_and_only_the_last_k_are_kept"),
+    "checkpoint.export": Shown("test_export_checkpoint.py::test_checkpoint_export_writes_the_outputs_of_every_checkpoint"),
     "distributed.nodes": Seen("distributed.nodes=3", "command"),
     "distributed.node_rank": Seen("distributed.node_rank=1", "command"),
     "distributed.master_addr": Seen("distributed.master_addr=127.0.0.2", "command"),

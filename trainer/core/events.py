@@ -11,17 +11,19 @@ import time
 from pathlib import Path
 
 from trainer.core.runfolder import EVENTS_FILE, RunFolder
-from typing import Iterator
+from typing import Callable, Iterator
 
 FINAL_TYPES = ("done", "stopped", "failed")
 
 
 class EventLog:
-    """Appends events to `<run>/events.jsonl`. Only one process writes at a time (rank 0, or the launcher
-    before the workers start and after they end)."""
+    """Appends events to `<run>/events.jsonl`: rank 0, or the launcher before the workers start and after they
+    end; an export (trainer.engine.export) may append beside them, which one write a line keeps whole.
+    `echo(event)` also puts a line for people into train.log (trainer.core.runlog)."""
 
-    def __init__(self, run_dir: str | Path):
+    def __init__(self, run_dir: str | Path, echo: Callable[[dict], None] | None = None):
         self.path = Path(run_dir) / EVENTS_FILE
+        self.echo = echo  # trainer.core.runlog: the event's line in train.log, for people
 
     def emit(self, type: str, **fields) -> dict:
         event = {"type": type, "time": round(time.time(), 3), **fields}
@@ -30,6 +32,8 @@ class EventLog:
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(line + "\n")
             f.flush()
+        if self.echo is not None:
+            self.echo(event)
         return event
 
 

@@ -41,6 +41,7 @@ from trainer.core.assets import resolve_paths
 from trainer.core.failures import describe_failure
 from trainer.core.runfolder import RunFolder, check_run_name, create_run_dir, write_atomic
 from trainer.core.runlock import RunLock, release_lock, write_identity
+from trainer.core.runlog import launcher_echo
 from trainer.core.stall import StallWatch
 from trainer.errors import UserError
 from trainer.families import spec_of
@@ -117,7 +118,8 @@ def prepare_run(config: Config, runs_dir: str | Path, hw: Hardware | None = None
         RunLock(run_dir).acquire()  # handed to torchrun by start_run, released when its workers end
         write_atomic(folder.config, to_yaml(config))
         write_atomic(folder.plan, json.dumps(plan.event(), indent=2) + "\n")
-        EventLog(run_dir).emit("plan", **plan.event(), node_rank=config.distributed.node_rank)
+        EventLog(run_dir, echo=launcher_echo(run_dir)).emit("plan", **plan.event(),
+                                                            node_rank=config.distributed.node_rank)
     except OSError as exc:
         # A half-made folder would list as a broken run and keep its name taken.
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -298,7 +300,7 @@ class RunProcess:
             return
         warning, reason = self.stall.check(time.time())
         if warning:
-            EventLog(self.run_dir).emit("warning", message=warning)
+            EventLog(self.run_dir, echo=launcher_echo(self.run_dir)).emit("warning", message=warning)
         if reason:
             ckpt = latest_checkpoint(self.run_dir)
             where = (f"continue from its last checkpoint ({ckpt.path.relative_to(self.run_dir)}) with: python "
@@ -311,7 +313,7 @@ class RunProcess:
         final = final_event(events)
         if final is not None:
             return final
-        log = EventLog(self.run_dir)
+        log = EventLog(self.run_dir, echo=launcher_echo(self.run_dir))  # its `failed`, in train.log too
         if self.node_rank > 0:
             # Global rank 0 (node 0) writes the run's events; this node's folder still needs an ending.
             note = "the run's events, samples, checkpoints and outputs are in node 0's run folder"

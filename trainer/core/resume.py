@@ -21,6 +21,7 @@ from trainer.core.launcher import RunProcess, plan_for
 from trainer.core.plan import Plan
 from trainer.core.runfolder import CONFIG_FILE, PID_FILE, RunFolder, write_atomic
 from trainer.core.runlock import RunLock
+from trainer.core.runlog import launcher_echo
 from trainer.errors import UserError
 from trainer.families import spec_of
 from trainer.families.spec import COMMON_FROZEN_ON_RESUME
@@ -124,7 +125,7 @@ def resume_run(
     folder.stop_file.unlink(missing_ok=True)  # left from the stop being resumed; it would stop us at once
     write_atomic(folder.config, to_yaml(r.config))
     write_atomic(folder.plan, json.dumps(r.plan.event(), indent=2) + "\n")
-    EventLog(run_dir).emit(
+    EventLog(run_dir, echo=launcher_echo(run_dir)).emit(
         "resumed", step=r.checkpoint.step, checkpoint=str(r.checkpoint.path.relative_to(run_dir)),
         changes=r.changes, plan=r.plan.event(), line=r.plan.line(),
     )

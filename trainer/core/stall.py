@@ -25,6 +25,9 @@ FROZEN_AFTER_S = 5 * HEARTBEAT_INTERVAL_S  # a heartbeat older than this: its pr
 MIN_WARNING_S = 60.0
 STEP_TIMES_FOR_WARNING = 20
 
+# How a stall warning begins: the Runs page shows one only until the run steps again or ends (app.runs).
+STALL_PREFIX = "No step for "
+
 
 @dataclass(frozen=True)
 class Beat:
@@ -115,4 +118,4 @@ class StallWatch:
             who = "waiting for them" if frozen or missing else "alive but finishing no step (a deadlock?)"
             parts.append(f"{who}: " + ", ".join(f"rank {r} (at {beats[r].phase}, last step {beats[r].step})"
                                                 for r in sorted(waiting)))
-        return f"No step for {stall:.0f} s. " + "; ".join(parts) + "."
+        return f"{STALL_PREFIX}{stall:.0f} s. " + "; ".join(parts) + "."

@@ -20,6 +20,7 @@ from trainer.families.protocol import Fetches
 from trainer.core.telemetry import WIDTH, summarize
 from trainer.engine.telemetry import RankClock
 from trainer.engine.run_io import draw_samples, evaluate, save_run_checkpoint
+from trainer.engine.export import export_run
 
 
 def fit(run: Run) -> str:
@@ -89,9 +90,13 @@ def fit(run: Run) -> str:
             evaluate(run)
         if stop_requested:
             save_run_checkpoint(run)
+            if cfg.checkpoint.export:
+                export_run(run)
             return "stopped"
         if cfg.checkpoint.every and run.state.step % cfg.checkpoint.every == 0 and not last:
             save_run_checkpoint(run)
+            if cfg.checkpoint.export:  # the last step's outputs are the run's own, in output/
+                export_run(run)
     draw_samples(run)
     evaluate(run)
     save_run_checkpoint(run)  # lets `--resume` with more steps extend a finished run

@@ -20,7 +20,9 @@ from trainer.core.config.load import load_config
 from trainer.errors import UserError
 from trainer.core.events import EventLog
 from trainer.core.runfolder import RunFolder
+from trainer.core.runlog import worker_echo
 from trainer.core.plan import Plan
+from trainer.engine.chatter import quiet_library_chatter
 
 
 class _Silent:
@@ -54,12 +56,10 @@ def setup(run_dir: Path, resume: Path | None):
     acc = _accelerator(config, plan)
     if acc.num_processes != plan.world_size:
         raise RuntimeError(f"launched {acc.num_processes} processes but the plan says {plan.world_size}")
-    events = EventLog(run_dir) if acc.is_main_process else _Silent()
+    events = EventLog(run_dir, echo=worker_echo(run_dir)) if acc.is_main_process else _Silent()
 
     def log_warning(message: str) -> None:
-        events.emit("warning", message=message)
-        if acc.is_main_process:
-            print(f"warning: {message}", flush=True)
+        events.emit("warning", message=message)  # and its line in train.log (the echo)
 
     if plan.device == "cpu":
         torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -164,23 +164,6 @@ def _accelerator(config, plan):
                        kwargs_handlers=[InitProcessGroupKwargs(backend="gloo" if cpu else None, timeout=timeout)])
 
 
-def _quiet_library_chatter() -> None:
-    """train.log (and the UI's log box) is for people: the libraries' loading bars and the import-time notices of
-    optional packages (torchao's enum registrations, diffusers looking for torchao classes that have moved)
-    buried the lines that matter. Their warnings about the run itself still come through."""
-    import logging
-
-    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
-    logging.getLogger("diffusers.quantizers.torchao.torchao_quantizer").setLevel(logging.ERROR)
-    from diffusers.utils import logging as diffusers_logging
-    from huggingface_hub.utils import disable_progress_bars
-    from transformers.utils import logging as transformers_logging
-
-    diffusers_logging.disable_progress_bar()
-    transformers_logging.disable_progress_bar()
-    disable_progress_bars()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("run_dir", type=Path)
@@ -191,8 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     import os
 
     is_rank0 = os.environ.get("RANK", "0") == "0"
-    events = EventLog(run_dir) if is_rank0 else _Silent()
-    _quiet_library_chatter()
+    events = EventLog(run_dir, echo=worker_echo(run_dir)) if is_rank0 else _Silent()
+    quiet_library_chatter(run_dir)
     try:
         run = setup(run_dir, args.resume)
         events = run.events  # from here on, the final event reaches the TensorBoard / W&B mirrors too

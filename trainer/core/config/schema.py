@@ -355,6 +355,10 @@ class EvalConfig:
 class CheckpointConfig:
     every: int = key(500, "Save a checkpoint every N optimizer steps (0: only when stopping).")
     keep: int = key(2, "How many checkpoints to keep (the oldest are deleted).")
+    export: bool = key(
+        False, "Also write the outputs (the files a finished run writes: LoRA, full model, detector) of every "
+        "checkpoint into output/step-NNNNNN/, so a LoRA can be downloaded mid-run and a stopped run has one. "
+        "Any checkpoint can be exported later too: python launch.py --export RUN --step N.")
 
 
 @dataclass

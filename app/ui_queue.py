@@ -1,0 +1,58 @@
+"""The Runs tab's queue control: the queued runs (also rows `queued #N` of the runs table) and Cancel. Hidden while
+the queue is empty; refreshed on the Runs tab's timer when the queue folder changes (a run queued, cancelled or
+started, by this UI, another one or the command line: trainer.core.queue)."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+
+import gradio as gr
+
+from app.queue_view import queue_choices, queue_stamp
+from trainer.core import queue
+
+
+@dataclass
+class QueuePanel:
+    row: gr.Row
+    entry: gr.Dropdown
+    cancel: gr.Button
+    message: gr.HTML
+    shown: gr.State  # the queue folder's stamp the panel shows
+
+
+def build() -> QueuePanel:
+    with gr.Row(visible=False, elem_id="queue-row", equal_height=True) as row:
+        entry = gr.Dropdown(choices=[], value=None, label="Queued runs (started one after another by "
+                            "`python launch.py --queue-worker`)", interactive=True, scale=3, elem_id="queue-entry")
+        cancel = gr.Button("Cancel queued run", elem_id="queue-cancel", scale=1, min_width=140)
+    message = gr.HTML("", elem_id="queue-message")
+    return QueuePanel(row, entry, cancel, message, gr.State(-1))
+
+
+def view(ctx, chosen) -> list:
+    choices = queue_choices(ctx.jobs.runs_dir)
+    ids = [i for _, i in choices]
+    return [gr.update(visible=bool(choices)),
+            gr.update(choices=choices, value=chosen if chosen in ids else (ids[0] if ids else None))]
+
+
+def wire(ctx, runs, p: QueuePanel) -> None:
+    def tick(chosen, shown):
+        now = queue_stamp(ctx.jobs.runs_dir)
+        return [gr.skip(), gr.skip(), gr.skip()] if now == shown else [*view(ctx, chosen), now]
+
+    runs.timer.tick(tick, inputs=[p.entry, p.shown], outputs=[p.row, p.entry, p.shown], show_progress="hidden",
+                    trigger_mode="once", queue=False)
+    ctx.blocks.load(lambda: [*view(ctx, None), queue_stamp(ctx.jobs.runs_dir)], outputs=[p.row, p.entry, p.shown])
+
+    def cancel(entry_id):
+        label = dict((i, text) for text, i in queue_choices(ctx.jobs.runs_dir)).get(entry_id, "that run")
+        if entry_id and queue.cancel(ctx.jobs.runs_dir, entry_id):
+            return f'<div class="msg-box ok">Cancelled {html.escape(label)}: it will not start.</div>'
+        return '<div class="msg-box error">That run is no longer queued (it started, or was cancelled).</div>'
+
+    p.cancel.click(cancel, inputs=[p.entry], outputs=[p.message], api_name="cancel_queued").then(
+        lambda chosen: [*view(ctx, chosen), queue_stamp(ctx.jobs.runs_dir)], inputs=[p.entry],
+        outputs=[p.row, p.entry, p.shown])
