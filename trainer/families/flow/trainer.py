@@ -59,7 +59,8 @@ class FlowModel(Protocol):
     def sample_kwargs(self, negative_prompt: str) -> dict: ...
 
     def embedded_prompt_kwargs(self, prompt: str, negative_prompt: str) -> dict:
-        """The pipeline's prompt arguments as cached embeddings (its text encoders are on the CPU)."""
+        """The pipeline's prompt arguments as cached embeddings (its text encoders are on the CPU): batched tensors,
+        or lists of one tensor per prompt where the pipeline takes variable-length embeddings (Z-Image)."""
 
     # Exports (trainer.families.flow.outputs)
     def kohya_lora(self, state: dict[str, torch.Tensor], alphas: dict[str, float],
@@ -313,7 +314,7 @@ class FlowTransformerTrainer:
                 gen = [torch.Generator(self.ctx.device).manual_seed(seed) for seed in run_seeds]
                 n = len(gen)
                 if from_cache:  # n copies: FLUX's and SD3's pipelines repeat only the embeddings they encode
-                    text = {name: embeds.repeat_interleave(n, dim=0)
+                    text = {name: _repeated(embeds, n)
                             for name, embeds in model.embedded_prompt_kwargs(prompt, negative_prompt).items()}
                 else:
                     text = {"prompt": prompt, "num_images_per_prompt": n, **model.sample_kwargs(negative_prompt)}
@@ -329,3 +330,11 @@ class FlowTransformerTrainer:
             if cache is not None and not from_cache:
                 text_cache.offload(*self.text_encoders)
         return images
+
+
+def _repeated(embeds: Any, n: int) -> Any:
+    """`n` copies of one prompt's embeddings: along the batch of a tensor, or of each item of a per-prompt list (a
+    pipeline taking variable-length captions as a list, which a tensor's batch cannot hold)."""
+    if isinstance(embeds, list):
+        return [e for e in embeds for _ in range(n)]
+    return embeds.repeat_interleave(n, dim=0)
