@@ -5,6 +5,8 @@ encoder, random weights):
   its padding, a list of (C, 1, H, W) latents, the timestep as (1000 - t) / 1000, the output negated; the shift is
   the scheduler's; the target noise - x0 is what the pipeline's scheduler steps along;
 - samples drawn from the cached embeddings are the pipeline's samples from the prompt (with and without guidance);
+- a training adapter (flow.training_adapter) gives the output of its weights merged into the frozen ones, through
+  the trained LoRA, and the base's output when off for samples; a run with one saves only its own LoRA;
 - through the real launcher: 1 process and 2 processes give the same weights, a stopped-then-resumed run the
   weights of an uninterrupted one, and the LoRA file loads back through ZImagePipeline.load_lora_weights with
   exactly the trained weights;
@@ -132,6 +134,62 @@ def test_samples_from_the_cached_embeddings_are_the_pipelines(pipe, guidance):
     torch.testing.assert_close(ours, theirs)
 
 
+def _adapter_file(transformer, path: Path) -> Path:
+    """A random "training adapter" as ai-toolkit writes one (z_image.py:108-116, 469-473): diffusers paths under
+    `diffusion_model.`, lora_A / lora_B, here with an alpha (2 over rank 4: scale 0.5) on a few kinds of layer."""
+    from safetensors.torch import save_file
+
+    gen = torch.Generator().manual_seed(5)
+    state = {}
+    for module in ("layers.0.attention.to_q", "layers.1.feed_forward.w2", "noise_refiner.0.adaLN_modulation.0",
+                   "all_x_embedder.2-1", "cap_embedder.1"):
+        layer = transformer.get_submodule(module)
+        state[f"diffusion_model.{module}.lora_A.weight"] = torch.randn(4, layer.in_features, generator=gen)
+        state[f"diffusion_model.{module}.lora_B.weight"] = torch.randn(layer.out_features, 4, generator=gen) * 0.1
+        state[f"diffusion_model.{module}.alpha"] = torch.tensor(2.0)
+    save_file(state, str(path))
+    return path
+
+
+def test_the_training_adapter_is_its_merged_weights_and_off_for_samples(tiny_zimage, pipe, tmp_path):
+    """ai-toolkit merges the adapter into the frozen weights for training and removes it for samples; the hooks
+    give the merged model's output, through the LoRA peft wraps around the same layers, and the base's when off."""
+    from diffusers import ZImageTransformer2DModel
+    from peft import LoraConfig
+
+    from trainer.families.flow.training_adapter import TrainingAdapter, read_adapter
+
+    family = _family(pipe, "flow.max_sequence_length=48")
+    file = _adapter_file(pipe.transformer, tmp_path / "adapter.safetensors")
+    hooked = ZImageTransformer2DModel.from_pretrained(tiny_zimage / "transformer")
+    merged = ZImageTransformer2DModel.from_pretrained(tiny_zimage / "transformer")
+    state = read_adapter(str(file))
+    with torch.no_grad():
+        for key, a in state.items():
+            if key.endswith(".lora_A.weight"):
+                module = key.removeprefix("diffusion_model.").removesuffix(".lora_A.weight")
+                b = state[f"diffusion_model.{module}.lora_B.weight"]
+                merged.get_submodule(module).weight += 0.5 * b @ a
+    adapter = TrainingAdapter(hooked, state, torch.device("cpu"))
+    hooked.add_adapter(LoraConfig(r=2, lora_alpha=2, target_modules=["to_q", "w2"]))  # B = 0: the base's output
+
+    text = family.encode_caption("a photo of a red circle")
+    latents, sigmas = torch.randn(1, 16, 16, 16, generator=torch.Generator().manual_seed(0)), torch.tensor([0.6])
+    with torch.no_grad():
+        trained = family.forward(hooked, latents, sigmas, text)
+        torch.testing.assert_close(trained, family.forward(merged, latents, sigmas, text))
+        with adapter.off():
+            torch.testing.assert_close(family.forward(hooked, latents, sigmas, text),
+                                       family.forward(pipe.transformer, latents, sigmas, text))
+        assert not torch.allclose(trained, family.forward(pipe.transformer, latents, sigmas, text))
+
+    from trainer.errors import UserError
+
+    with pytest.raises(UserError, match="not in this transformer"):
+        TrainingAdapter(merged, {"diffusion_model.nowhere.lora_A.weight": torch.zeros(1, 1),
+                                 "diffusion_model.nowhere.lora_B.weight": torch.zeros(1, 1)}, torch.device("cpu"))
+
+
 def test_flux_only_keys_are_refused_with_the_reason():
     with pytest.raises(ConfigError, match="flow.guidance: 3.5 feeds FLUX.1-dev's guidance embedding"):
         load_config(PRESET, ["flow.guidance=3.5"], check_paths=False)
@@ -191,6 +249,23 @@ def test_stopped_then_resumed_matches_the_uninterrupted_run(reference, runs, tin
     assert final["type"] == "done", log_of(run_dir)
     assert [e["step"] for e in progress(run_dir)] == [1, 2, 3, 4]
     assert_same_weights(final_weights(reference), final_weights(run_dir))
+
+
+@pytest.mark.slow
+def test_a_run_with_a_training_adapter_trains_and_saves_only_its_lora(reference, runs, tiny_zimage, data, pipe,
+                                                                       tmp_path):
+    file = _adapter_file(pipe.transformer, tmp_path / "adapter.safetensors")
+    config = _config(tiny_zimage, data, "devices=cpu:1", "batch.per_device=2", "name=adapter", "sample.every=4",
+                     f"flow.training_adapter={file}")
+    run_dir, final = launch(runs, config)
+    assert final["type"] == "done", log_of(run_dir)
+    ours, plain = final_weights(run_dir), final_weights(reference)
+    assert ours.keys() == plain.keys()  # the adapter is not trained, not saved
+    # ... but it acted on every step: the losses and the trained LoRA differ from the plain run's
+    assert [e["loss"] for e in progress(run_dir)] != pytest.approx([e["loss"] for e in progress(reference)])
+    assert any(not torch.allclose(ours[k], plain[k]) for k in ours)
+    assert load_file(str(run_dir / "output" / "pytorch_lora_weights.safetensors")).keys() == \
+        load_file(str(reference / "output" / "pytorch_lora_weights.safetensors")).keys()
 
 
 def _comfy_lumina2_lora_keys(config) -> dict[str, tuple[str, int]]:

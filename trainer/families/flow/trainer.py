@@ -11,6 +11,7 @@ then leave the GPU for good: T5-XXL alone is 9 GB in bf16. Samples are drawn fro
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 from pathlib import Path
@@ -93,6 +94,7 @@ class FlowTransformerTrainer:
         self.text_embeddings: dict[str, dict[str, torch.Tensor]] = {}  # without the disk cache: per run, in memory
         self.text_cache: text_cache.TextEmbeddings | None = None
         self.evaluator: Evaluates | None = None
+        self.adapter: Any = None  # flow.training_adapter's hooks, off while sampling
 
     # ---- models -------------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -120,6 +122,10 @@ class FlowTransformerTrainer:
         if cfg.method == "full":
             self.transformer.requires_grad_(True)  # fp32 (frozen_dtype); FSDP shards it when it does not fit
         else:
+            if cfg.flow.training_adapter:  # on the frozen layers, before LoRA wraps them (training_adapter.py)
+                from trainer.families.flow.training_adapter import TrainingAdapter, read_adapter
+
+                self.adapter = TrainingAdapter(self.transformer, read_adapter(cfg.flow.training_adapter), device)
             self._add_lora()
             if start is not None:
                 from trainer.families.components.adapter_init import apply_start
@@ -321,7 +327,9 @@ class FlowTransformerTrainer:
                 # The plan's precision, not the transformer's dtype: a full fine-tune's fp32 transformer meets
                 # the bf16 text encoders' embeddings here
                 low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.ctx.plan.precision)
-                with torch.autocast(self.ctx.device.type, dtype=low or torch.float32, enabled=low is not None):
+                # Samples show the trained LoRA as it will be used: without the training adapter
+                with torch.autocast(self.ctx.device.type, dtype=low or torch.float32, enabled=low is not None), \
+                        (self.adapter.off() if self.adapter is not None else contextlib.nullcontext()):
                     out = pipe(height=height, width=width, num_inference_steps=steps, generator=gen,
                                guidance_scale=guidance_scale, **text)
                 images.extend(out.images)

@@ -25,9 +25,9 @@ Turbo is step-distilled (8-9 steps, no guidance). A LoRA trained on it directly 
 undoes the distillation: samples at 8 steps get blurry after a few thousand steps. ai-toolkit's answer
 (z_image.py:84-165, ui options.tsx "zimage:turbo") is a "training adapter": a de-distillation LoRA
 (ostris/zimage_turbo_training_adapter) merged into the frozen Turbo weights while training, so the new LoRA
-learns only the subject, and removed (multiplier -1) when sampling, so the LoRA is used on plain Turbo. This family
-does not merge such an adapter yet; presets/zimage-turbo-lora-24gb.yaml says what to do instead (short runs, low
-lr, samples at 8 steps with guidance 0 to watch the distillation), or to train on the base model (Z-Image).
+learns only the subject, and removed (multiplier -1) when sampling, so the LoRA is used on plain Turbo. Here that
+is `flow.training_adapter` (trainer/families/flow/training_adapter.py: the same function by forward hooks, off
+for samples), which presets/zimage-turbo-lora-24gb.yaml sets to ostris's file; samples at 8 steps, guidance 0.
 """
 
 from __future__ import annotations

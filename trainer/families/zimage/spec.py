@@ -10,7 +10,7 @@ ZIMAGE = FamilySpec(
     bucket_multiple=16,  # the transformer patchifies 2x2 latent patches of the 8x VAE (ZImagePipeline checks 16)
     trained_component="transformer",
     published_parameters=6.15e9,  # the model card's 6B (ZImageTransformer2DModel(): 6,154,908,736)
-    frozen_on_resume=DIFFUSION_FROZEN_ON_RESUME + ("flow.lora_targets",),
+    frozen_on_resume=DIFFUSION_FROZEN_ON_RESUME + ("flow.lora_targets", "flow.training_adapter"),
     exports=("LoRA: output/pytorch_lora_weights.safetensors (diffusers) and a ComfyUI file "
              "(diffusion_model.layers... lora_A/lora_B/alpha keys, ComfyUI's Lumina2 key map)",
              "full: a diffusers folder (no single file yet)"),
