@@ -208,6 +208,7 @@ ROWS: dict[str, Seen | Shown] = {
     "flow.guidance": Shown("test_keys_reach_code.py::test_flux_guidance_sequence_length_and_targets_reach_the_transformer"),
     "flow.max_sequence_length": Shown("test_keys_reach_code.py::test_flux_guidance_sequence_length_and_targets_reach_the_transformer"),
     "flow.lora_targets": Shown("test_keys_reach_code.py::test_flux_guidance_sequence_length_and_targets_reach_the_transformer"),
+    "flow.training_adapter": Shown("test_zimage.py::test_a_run_with_a_training_adapter_trains_and_saves_only_its_lora"),
     "flow.lora_blocks": Shown("test_keys_reach_code.py::test_flux_guidance_sequence_length_and_targets_reach_the_transformer"),
     "batch.total": Seen("batch.total=8", "plan"),
     "batch.per_device": Seen("batch.per_device=2", "plan"),

@@ -14,8 +14,9 @@ from trainer.families.detection.spec import SPEC as DETECTION  # noqa: E402
 from trainer.families.flow.spec import FLUX, SD3  # noqa: E402
 from trainer.families.sd.spec import SPEC as SD  # noqa: E402
 from trainer.families.sdxl.spec import SPEC as SDXL  # noqa: E402
+from trainer.families.zimage.spec import ZIMAGE  # noqa: E402
 
-SPECS: dict[str, FamilySpec] = {spec.name: spec for spec in (SD, SDXL, SD3, FLUX, CHROMA, DETECTION)}
+SPECS: dict[str, FamilySpec] = {spec.name: spec for spec in (SD, SDXL, SD3, FLUX, CHROMA, ZIMAGE, DETECTION)}
 
 
 def family_names() -> tuple[str, ...]:

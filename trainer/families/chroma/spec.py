@@ -10,7 +10,7 @@ CHROMA = FamilySpec(
     bucket_multiple=16,  # the transformer packs 2x2 latent patches of the 8x VAE
     trained_component="transformer",
     published_parameters=8.9e9,  # the model card's 8.9B (ChromaTransformer2DModel(): 8,899,983,424)
-    frozen_on_resume=DIFFUSION_FROZEN_ON_RESUME + ("flow.lora_targets", "flow.lora_blocks"),
+    frozen_on_resume=DIFFUSION_FROZEN_ON_RESUME + ("flow.lora_targets", "flow.lora_blocks", "flow.training_adapter"),
     exports=("LoRA: output/pytorch_lora_weights.safetensors (diffusers) and a kohya/ComfyUI file "
              "(lora_unet_double_blocks_... keys, as for FLUX.1)",
              "full: a diffusers folder (no single file yet)"),

@@ -15,6 +15,11 @@ def flow_checks(config, *, check_paths: bool = True) -> list[str]:
     if config.method == "lora" and config.lora.train_text_encoder:
         p.append(f"lora.train_text_encoder: {family} LoRA adapts the transformer only (its text encoders stay "
                  "frozen); set lora.train_text_encoder=false")
+    if config.method == "full" and config.flow.training_adapter:
+        # The adapter is switched off for samples and never saved: a full fine-tune would train around a part of
+        # the model its output does not have.
+        p.append(f"flow.training_adapter: is for LoRA runs (a full fine-tune of {family} would depend on an adapter "
+                 "its saved model lacks); unset it or use method: lora")
     if config.prior.enabled:
         p.append(f"prior.enabled: {family} cannot generate class images yet; put class images in a folder and add "
                  "it to data.datasets with is_regularization: true, or set prior.enabled=false")

@@ -32,6 +32,11 @@ class FlowConfig:
         [], "Layer names inside each transformer block that get LoRA (e.g. `attn.to_q`, `ff.net.2`, `proj_mlp`); "
         "empty: every attention projection and MLP of the family.",
     )
+    training_adapter: Optional[str] = key(
+        None, "LoRA only: a frozen LoRA that acts on the transformer while training and is off for samples (a local "
+        ".safetensors file or owner/repo/file on the hub), as ai-toolkit's training adapters keep a LoRA for a "
+        "step-distilled model (Z-Image Turbo: ostris/zimage_turbo_training_adapter) usable at its few steps.",
+    )
     lora_blocks: str = key(
         "all", "FLUX and Chroma: which blocks get LoRA: `all`, `double` (the 19 two-stream blocks) or `single` (the 38 "
         "single-stream blocks). SD3: ignored (all its blocks are joint blocks).",

@@ -2,8 +2,8 @@
 
 from trainer.families.spec import DIFFUSION_FROZEN_ON_RESUME, FamilySpec
 
-# Which transformer layers carry LoRA decides the adapter's tensors.
-_FROZEN = DIFFUSION_FROZEN_ON_RESUME + ("flow.lora_targets", "flow.lora_blocks")
+# Which transformer layers carry LoRA, and the frozen training adapter under it, decide what the LoRA learns.
+_FROZEN = DIFFUSION_FROZEN_ON_RESUME + ("flow.lora_targets", "flow.lora_blocks", "flow.training_adapter")
 _SECTION_TITLE = "Flow matching (SD3, FLUX, Chroma)"
 
 SD3 = FamilySpec(

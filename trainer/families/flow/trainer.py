@@ -11,6 +11,7 @@ then leave the GPU for good: T5-XXL alone is 9 GB in bf16. Samples are drawn fro
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 from pathlib import Path
@@ -59,7 +60,8 @@ class FlowModel(Protocol):
     def sample_kwargs(self, negative_prompt: str) -> dict: ...
 
     def embedded_prompt_kwargs(self, prompt: str, negative_prompt: str) -> dict:
-        """The pipeline's prompt arguments as cached embeddings (its text encoders are on the CPU)."""
+        """The pipeline's prompt arguments as cached embeddings (its text encoders are on the CPU): batched tensors,
+        or lists of one tensor per prompt where the pipeline takes variable-length embeddings (Z-Image)."""
 
     # Exports (trainer.families.flow.outputs)
     def kohya_lora(self, state: dict[str, torch.Tensor], alphas: dict[str, float],
@@ -92,6 +94,7 @@ class FlowTransformerTrainer:
         self.text_embeddings: dict[str, dict[str, torch.Tensor]] = {}  # without the disk cache: per run, in memory
         self.text_cache: text_cache.TextEmbeddings | None = None
         self.evaluator: Evaluates | None = None
+        self.adapter: Any = None  # flow.training_adapter's hooks, off while sampling
 
     # ---- models -------------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -119,6 +122,10 @@ class FlowTransformerTrainer:
         if cfg.method == "full":
             self.transformer.requires_grad_(True)  # fp32 (frozen_dtype); FSDP shards it when it does not fit
         else:
+            if cfg.flow.training_adapter:  # on the frozen layers, before LoRA wraps them (training_adapter.py)
+                from trainer.families.flow.training_adapter import TrainingAdapter, read_adapter
+
+                self.adapter = TrainingAdapter(self.transformer, read_adapter(cfg.flow.training_adapter), device)
             self._add_lora()
             if start is not None:
                 from trainer.families.components.adapter_init import apply_start
@@ -313,14 +320,16 @@ class FlowTransformerTrainer:
                 gen = [torch.Generator(self.ctx.device).manual_seed(seed) for seed in run_seeds]
                 n = len(gen)
                 if from_cache:  # n copies: FLUX's and SD3's pipelines repeat only the embeddings they encode
-                    text = {name: embeds.repeat_interleave(n, dim=0)
+                    text = {name: _repeated(embeds, n)
                             for name, embeds in model.embedded_prompt_kwargs(prompt, negative_prompt).items()}
                 else:
                     text = {"prompt": prompt, "num_images_per_prompt": n, **model.sample_kwargs(negative_prompt)}
                 # The plan's precision, not the transformer's dtype: a full fine-tune's fp32 transformer meets
                 # the bf16 text encoders' embeddings here
                 low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.ctx.plan.precision)
-                with torch.autocast(self.ctx.device.type, dtype=low or torch.float32, enabled=low is not None):
+                # Samples show the trained LoRA as it will be used: without the training adapter
+                with torch.autocast(self.ctx.device.type, dtype=low or torch.float32, enabled=low is not None), \
+                        (self.adapter.off() if self.adapter is not None else contextlib.nullcontext()):
                     out = pipe(height=height, width=width, num_inference_steps=steps, generator=gen,
                                guidance_scale=guidance_scale, **text)
                 images.extend(out.images)
@@ -329,3 +338,11 @@ class FlowTransformerTrainer:
             if cache is not None and not from_cache:
                 text_cache.offload(*self.text_encoders)
         return images
+
+
+def _repeated(embeds: Any, n: int) -> Any:
+    """`n` copies of one prompt's embeddings: along the batch of a tensor, or of each item of a per-prompt list (a
+    pipeline taking variable-length captions as a list, which a tensor's batch cannot hold)."""
+    if isinstance(embeds, list):
+        return [e for e in embeds for _ in range(n)]
+    return embeds.repeat_interleave(n, dim=0)

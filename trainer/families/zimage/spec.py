@@ -1,0 +1,22 @@
+"""Z-Image, as the torch-free side sees it (trainer.families.spec). Its settings are the flow-matching section's."""
+
+from trainer.families.spec import DIFFUSION_FROZEN_ON_RESUME, FamilySpec
+
+ZIMAGE = FamilySpec(
+    name="zimage",
+    title="Z-Image (Z-Image Turbo, Z-Image)",
+    implementation="trainer.families.zimage.family:ZImageFamily",
+    checks="trainer.families.zimage.checks:zimage_checks",
+    bucket_multiple=16,  # the transformer patchifies 2x2 latent patches of the 8x VAE (ZImagePipeline checks 16)
+    trained_component="transformer",
+    published_parameters=6.15e9,  # the model card's 6B (ZImageTransformer2DModel(): 6,154,908,736)
+    frozen_on_resume=DIFFUSION_FROZEN_ON_RESUME + ("flow.lora_targets", "flow.training_adapter"),
+    exports=("LoRA: output/pytorch_lora_weights.safetensors (diffusers) and a ComfyUI file "
+             "(diffusion_model.layers... lora_A/lora_B/alpha keys, ComfyUI's Lumina2 key map)",
+             "full: a diffusers folder (no single file yet)"),
+    demo_preset="demo-zimage.yaml",
+    demo_assets={"tiny-zimage": "trainer.families.zimage.demo:ensure_tiny_zimage"},
+    section="flow",
+    section_title="Flow matching (SD3, FLUX, Chroma)",  # the section's shared title (trainer/families/flow/spec.py)
+    xformers=False,  # diffusers' attention processors on SDPA; xformers is wired for the UNets
+)
