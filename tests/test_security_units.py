@@ -82,6 +82,8 @@ def test_every_path_key_of_the_built_config_is_confined(workspace, tmp_path):
         ("data.path", lora_config(ws.root / "escape")),  # a symlink out of the workspace
         ("prior.class_path", lora_config(ws.root / "data", **{"prior.class_path": outside})),
         ("model.path", lora_config(ws.root / "data", **{"model.path": outside})),
+        ("flow.training_adapter", lora_config(ws.root / "data", **{"model.family": "flux",
+                                                                  "flow.training_adapter": outside + "/a.safetensors"})),
         ("detection.weights", detection(ws.root / "data", weights=outside + "/w.safetensors")),
         ("detection.images", detection(ws.root / "data", images=outside)),
         ("detection.val_path", detection(ws.root / "data", val_path=outside + "/val.json")),

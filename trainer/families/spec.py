@@ -24,6 +24,8 @@ COMMON_FROZEN_ON_RESUME = (
 # The diffusion families' keys that name local files or folders (model.path may also be a hub id or demo://).
 DIFFUSION_PATH_KEYS = ("model.path", "model.config", "data.path", "data.val_path", "prior.class_path", "data.masks",
                        "lora.init_from")
+# The flow-matching families also read a training adapter's file (or owner/repo/file on the hub).
+FLOW_PATH_KEYS = DIFFUSION_PATH_KEYS + ("flow.training_adapter",)
 DIFFUSION_PATH_EXCEPTIONS = {"data.masks": ("alpha",)}  # the images' own alpha channel, not a folder
 
 

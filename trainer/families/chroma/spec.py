@@ -1,6 +1,6 @@
 """Chroma, as the torch-free side sees it (trainer.families.spec). Its settings are the flow-matching section's."""
 
-from trainer.families.spec import DIFFUSION_FROZEN_ON_RESUME, FamilySpec
+from trainer.families.spec import DIFFUSION_FROZEN_ON_RESUME, FLOW_PATH_KEYS, FamilySpec
 
 CHROMA = FamilySpec(
     name="chroma",
@@ -9,6 +9,7 @@ CHROMA = FamilySpec(
     checks="trainer.families.chroma.checks:chroma_checks",
     bucket_multiple=16,  # the transformer packs 2x2 latent patches of the 8x VAE
     trained_component="transformer",
+    path_keys=FLOW_PATH_KEYS,
     published_parameters=8.9e9,  # the model card's 8.9B (ChromaTransformer2DModel(): 8,899,983,424)
     frozen_on_resume=DIFFUSION_FROZEN_ON_RESUME + ("flow.lora_targets", "flow.lora_blocks", "flow.training_adapter"),
     exports=("LoRA: output/pytorch_lora_weights.safetensors (diffusers) and a kohya/ComfyUI file "

@@ -1,6 +1,6 @@
 """SD3/3.5 and FLUX.1: flow-matching transformers, as the torch-free side sees them (trainer.families.spec)."""
 
-from trainer.families.spec import DIFFUSION_FROZEN_ON_RESUME, FamilySpec
+from trainer.families.spec import DIFFUSION_FROZEN_ON_RESUME, FLOW_PATH_KEYS, FamilySpec
 
 # Which transformer layers carry LoRA, and the frozen training adapter under it, decide what the LoRA learns.
 _FROZEN = DIFFUSION_FROZEN_ON_RESUME + ("flow.lora_targets", "flow.lora_blocks", "flow.training_adapter")
@@ -13,6 +13,7 @@ SD3 = FamilySpec(
     checks="trainer.families.flow.checks:flow_checks",
     bucket_multiple=16,  # the transformer packs 2x2 latent patches
     trained_component="transformer",
+    path_keys=FLOW_PATH_KEYS,
     published_parameters=2.03e9,  # SD3/3.5 medium MMDiT
     published_variants={"large": 8.06e9},
     frozen_on_resume=_FROZEN,
@@ -32,6 +33,7 @@ FLUX = FamilySpec(
     checks="trainer.families.flow.checks:flow_checks",
     bucket_multiple=16,
     trained_component="transformer",
+    path_keys=FLOW_PATH_KEYS,
     published_parameters=11.9e9,  # FLUX.1 dev/schnell transformer
     frozen_on_resume=_FROZEN,
     exports=("LoRA: diffusers file and a kohya/ComfyUI file (lora_unet_double_blocks_... keys)",

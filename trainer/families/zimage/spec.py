@@ -1,6 +1,6 @@
 """Z-Image, as the torch-free side sees it (trainer.families.spec). Its settings are the flow-matching section's."""
 
-from trainer.families.spec import DIFFUSION_FROZEN_ON_RESUME, FamilySpec
+from trainer.families.spec import DIFFUSION_FROZEN_ON_RESUME, FLOW_PATH_KEYS, FamilySpec
 
 ZIMAGE = FamilySpec(
     name="zimage",
@@ -9,6 +9,7 @@ ZIMAGE = FamilySpec(
     checks="trainer.families.zimage.checks:zimage_checks",
     bucket_multiple=16,  # the transformer patchifies 2x2 latent patches of the 8x VAE (ZImagePipeline checks 16)
     trained_component="transformer",
+    path_keys=FLOW_PATH_KEYS,
     published_parameters=6.15e9,  # the model card's 6B (ZImageTransformer2DModel(): 6,154,908,736)
     frozen_on_resume=DIFFUSION_FROZEN_ON_RESUME + ("flow.lora_targets", "flow.training_adapter"),
     exports=("LoRA: output/pytorch_lora_weights.safetensors (diffusers) and a ComfyUI file "
