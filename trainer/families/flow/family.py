@@ -40,6 +40,18 @@ class FlowFamily:
         self.item_buckets: list[int] | None = None
         self.evaluator: Evaluates | None = None  # the validation loss, when the run holds images out
 
+    # ---- FlowModel hooks with a default: the image VAEs of FLUX.1, SD3 and Chroma ------------------------------
+    # Qwen-Image's VAE is a video VAE (a frame dimension, per-channel mean/std): it overrides these three.
+    def image_vae(self, vae: Any) -> Any:
+        return vae  # a 2D AutoencoderKL: the latent cache calls it as it is
+
+    def normalize_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        vae = self.flow.vae.config
+        return (latents - (vae.shift_factor or 0.0)) * vae.scaling_factor
+
+    def guidance_kwargs(self, guidance_scale: float) -> dict:
+        return {"guidance_scale": guidance_scale}
+
     def load(self) -> None:
         self.flow.load()
         self.evaluator = self.flow.evaluator

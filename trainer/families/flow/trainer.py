@@ -45,6 +45,16 @@ class FlowModel(Protocol):
 
     def max_sequence_length(self) -> int: ...
 
+    def image_vae(self, vae: Any) -> Any:
+        """The VAE as the latent cache calls it: `encode(B, C, H, W pixels).latent_dist` with (B, C, h, w) mean and
+        std (a video VAE's frame dimension hidden here), with its `dtype` and `config`."""
+
+    def normalize_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        """VAE latents (B, C, h, w) in the transformer's space (FLUX/SD3: shift and scaling factors)."""
+
+    def guidance_kwargs(self, guidance_scale: float) -> dict:
+        """The pipeline's guidance argument for `sample.guidance_scale` (its name differs between pipelines)."""
+
     def encode_caption(self, caption: str) -> dict[str, torch.Tensor]:
         """The frozen encoders' outputs for one caption (batch dimension 1), on the device."""
 
@@ -129,7 +139,8 @@ class FlowTransformerTrainer:
         self.transformer.train()
         self.text_embeddings = {}
         self.text_cache = None
-        self.data = CaptionedLatents(self.ctx, self.vae)  # no class images: prior preservation is refused above
+        # No class images: prior preservation is refused above. The VAE as the family's image_vae hook shows it.
+        self.data = CaptionedLatents(self.ctx, model.image_vae(self.vae))
         # The validation loss goes through the transformer itself: no DDP wrapper expects a backward of it.
         self.evaluator = held_out_loss(self.ctx, self.data,
                                        lambda rows, stream: self._rows_loss(rows, stream, self.transformer),
@@ -259,7 +270,6 @@ class FlowTransformerTrainer:
 
     def _rows_loss(self, rows: list[Row], stream: int, transformer: torch.nn.Module) -> torch.Tensor:
         cfg, flow, device = self.cfg, self.cfg.flow, self.ctx.device
-        vae = self.vae.config
         objective = Objective.from_config(cfg.train)
         dists, eps, noises, inputs, sigma_list = [], [], [], [], []
         for position, epoch, image_index, expanded_index, kind in rows:
@@ -275,7 +285,7 @@ class FlowTransformerTrainer:
             sigma_list.append(sigma)
         mean = torch.stack([on_device(m, device) for m, _ in dists])
         std = torch.stack([on_device(s, device) for _, s in dists])
-        x0 = (mean + std * on_device(torch.stack(eps), device) - (vae.shift_factor or 0.0)) * vae.scaling_factor
+        x0 = self.model.normalize_latents(mean + std * on_device(torch.stack(eps), device))
         noise = on_device(torch.stack(noises), device)
         sigmas = tensor_on(sigma_list, device, torch.float32)
         noisy, target = fm.noisy_and_target(x0, noise, sigmas, on_device(torch.stack(inputs), device))
@@ -322,7 +332,7 @@ class FlowTransformerTrainer:
                 low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.ctx.plan.precision)
                 with torch.autocast(self.ctx.device.type, dtype=low or torch.float32, enabled=low is not None):
                     out = pipe(height=height, width=width, num_inference_steps=steps, generator=gen,
-                               guidance_scale=guidance_scale, **text)
+                               **model.guidance_kwargs(guidance_scale), **text)
                 images.extend(out.images)
         finally:
             self.transformer.train()
