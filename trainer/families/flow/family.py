@@ -40,8 +40,12 @@ class FlowFamily:
         self.item_buckets: list[int] | None = None
         self.evaluator: Evaluates | None = None  # the validation loss, when the run holds images out
 
-    # ---- FlowModel hooks with a default: the image VAEs of FLUX.1, SD3 and Chroma ------------------------------
-    # Qwen-Image's VAE is a video VAE (a frame dimension, per-channel mean/std): it overrides these three.
+    # ---- FlowModel hooks with a default, what FLUX.1, SD3 and Chroma need --------------------------------------
+    # Qwen-Image's VAE is a video VAE (a frame dimension, per-channel mean/std), its guidance argument is
+    # true_cfg_scale, and its last block's text stream is never read: it overrides these four.
+    def lora_paths(self, paths: list[str]) -> list[str]:
+        return paths  # every selected layer reaches the prediction (FLUX's last double block feeds its single ones)
+
     def image_vae(self, vae: Any) -> Any:
         return vae  # a 2D AutoencoderKL: the latent cache calls it as it is
 

@@ -45,6 +45,11 @@ class FlowModel(Protocol):
 
     def max_sequence_length(self) -> int: ...
 
+    def lora_paths(self, paths: list[str]) -> list[str]:
+        """Of the layers the targets select, those that get LoRA: a layer whose output never reaches the prediction
+        (the last two-stream block's text stream, where nothing reads it) would train nothing, and DDP refuses a
+        parameter without a gradient."""
+
     def image_vae(self, vae: Any) -> Any:
         """The VAE as the latent cache calls it: `encode(B, C, H, W pixels).latent_dist` with (B, C, h, w) mean and
         std (a video VAE's frame dimension hidden here), with its `dtype` and `config`."""
@@ -183,7 +188,7 @@ class FlowTransformerTrainer:
             match = re.fullmatch(r"([a-z_]+)\.(\d+)\.(.+)", name)
             if match and isinstance(module, torch.nn.Linear) and match.group(3) in wanted.get(match.group(1), ()):
                 paths.append(name)
-        return paths
+        return self.model.lora_paths(paths)
 
     def param_groups(self) -> list[dict]:
         return [{"params": [p for p in self.transformer.parameters() if p.requires_grad], "lr": self.cfg.train.lr}]
