@@ -243,3 +243,17 @@ def test_every_key_of_the_comfyui_file_names_a_module_of_comfyuis_qwen_image(ref
     # the same trained tensors as the diffusers file (compared by value: underscores do not map back to dots)
     assert sorted(t.sum().item() for k, t in kohya.items() if k.endswith("lora_up.weight")) == pytest.approx(
         sorted(t.sum().item() for k, t in diffusers.items() if "lora_B" in k))
+
+
+@pytest.mark.slow
+def test_a_loha_file_names_only_modules_comfyui_maps_for_qwen_image(runs, tiny_qwen, data, pipe):
+    """LyCORIS kinds keep the plain LoRA's `lora_unet_<path>` names: ComfyUI's QwenImage maps them (the generic
+    map of model_lora_keys_unet), not OneTrainer's `lora_transformer_` ones (mapped for SD3 and Flux only)."""
+    run_dir, final = launch(runs, _config(tiny_qwen, data, "devices=cpu:1", "batch.per_device=2", "name=loha",
+                                          "lora.type=loha", "train.steps=1"))
+    assert final["type"] == "done", log_of(run_dir)
+    kohya = load_file(str(run_dir / "output" / "loha_kohya.safetensors"))
+    linears = {n.replace(".", "_") for n, m in pipe.transformer.named_modules() if isinstance(m, torch.nn.Linear)}
+    modules = {key.split(".")[0] for key in kohya}
+    assert modules and all(m.startswith("lora_unet_") and m.removeprefix("lora_unet_") in linears for m in modules)
+    assert all(f"{m}.hada_w1_a" in kohya for m in modules)  # the LoHa tensors ComfyUI's loader reads

@@ -42,7 +42,8 @@ class FlowFamily:
 
     # ---- FlowModel hooks with a default, what FLUX.1, SD3 and Chroma need --------------------------------------
     # Qwen-Image's VAE is a video VAE (a frame dimension, per-channel mean/std), its guidance argument is
-    # true_cfg_scale, and its last block's text stream is never read: it overrides these four.
+    # true_cfg_scale, its last block's text stream is never read, and ComfyUI maps no OneTrainer names for it: it
+    # overrides these five.
     def lora_paths(self, paths: list[str]) -> list[str]:
         return paths  # every selected layer reaches the prediction (FLUX's last double block feeds its single ones)
 
@@ -55,6 +56,10 @@ class FlowFamily:
 
     def guidance_kwargs(self, guidance_scale: float) -> dict:
         return {"guidance_scale": guidance_scale}
+
+    def comfy_adapter_name(self, path: str) -> str:
+        # OneTrainer's names, which ComfyUI maps for SD3 and Flux (Chroma) through their diffusers-to-original tables
+        return "lora_transformer_" + path.replace(".", "_")
 
     def load(self) -> None:
         self.flow.load()

@@ -82,6 +82,9 @@ class FlowModel(Protocol):
         """A plain LoRA's tensors in the layout ComfyUI loads for this model (`state`: the diffusers/peft state
         dict; `alphas`: per module path), or None where ComfyUI reads the diffusers file as it is."""
 
+    def comfy_adapter_name(self, path: str) -> str:
+        """The module name ComfyUI maps onto the transformer's `path` (diffusers' name) in a LoKr/LoHa/DoRA file."""
+
     def kohya_metadata(self) -> dict[str, str]:
         """The `ss_*` / modelspec entries that name this model in the ComfyUI file's header."""
 

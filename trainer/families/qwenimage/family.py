@@ -168,6 +168,11 @@ class QwenImageFamily(FlowFamily):
         return convert_lora_state(state, prefix="lora_unet",
                                   alpha={kohya_module_name(p, "lora_unet"): a for p, a in alphas.items()})
 
+    def comfy_adapter_name(self, path: str) -> str:
+        """LoKr/LoHa/DoRA under the same `lora_unet_<path>` names: ComfyUI maps OneTrainer's `lora_transformer_`
+        names only for SD3, AuraFlow and Flux (comfy/lora.py lines 221, 262), not for QwenImage (lines 306-313)."""
+        return kohya_module_name(path, "lora_unet")
+
     def kohya_metadata(self) -> dict[str, str]:
         return {"ss_base_model_version": "qwen_image", "ss_v2": "False", "modelspec.architecture": "qwen-image/lora",
                 "modelspec.implementation": "https://huggingface.co/Qwen/Qwen-Image",
