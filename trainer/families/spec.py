@@ -24,8 +24,11 @@ COMMON_FROZEN_ON_RESUME = (
 # The diffusion families' keys that name local files or folders (model.path may also be a hub id or demo://).
 DIFFUSION_PATH_KEYS = ("model.path", "model.config", "data.path", "data.val_path", "prior.class_path", "data.masks",
                        "lora.init_from")
-# The flow-matching families also read a training adapter's file (or owner/repo/file on the hub).
+# What the flow-matching families (trainer/families/flow/) share: a training adapter's file is also a path (or
+# owner/repo/file on the hub), which layers carry LoRA decides the adapter's tensors, and the `flow:` section's
+# one title in the UI.
 FLOW_PATH_KEYS = DIFFUSION_PATH_KEYS + ("flow.training_adapter",)
+FLOW_SECTION_TITLE = "Flow matching (the transformer families)"
 DIFFUSION_PATH_EXCEPTIONS = {"data.masks": ("alpha",)}  # the images' own alpha channel, not a folder
 
 
@@ -143,3 +146,4 @@ DIFFUSION_FROZEN_ON_RESUME = (
     "lora.factor", "lora.dora", "lora.ema",
     "full.train_text_encoder", "full.ema", "prior.enabled", "data.val_split", "data.val_path",
 )
+FLOW_FROZEN_ON_RESUME = DIFFUSION_FROZEN_ON_RESUME + ("flow.lora_targets", "flow.lora_blocks", "flow.training_adapter")

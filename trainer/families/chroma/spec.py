@@ -1,6 +1,6 @@
 """Chroma, as the torch-free side sees it (trainer.families.spec). Its settings are the flow-matching section's."""
 
-from trainer.families.spec import DIFFUSION_FROZEN_ON_RESUME, FLOW_PATH_KEYS, FamilySpec
+from trainer.families.spec import FLOW_FROZEN_ON_RESUME, FLOW_PATH_KEYS, FLOW_SECTION_TITLE, FamilySpec
 
 CHROMA = FamilySpec(
     name="chroma",
@@ -11,13 +11,13 @@ CHROMA = FamilySpec(
     trained_component="transformer",
     path_keys=FLOW_PATH_KEYS,
     published_parameters=8.9e9,  # the model card's 8.9B (ChromaTransformer2DModel(): 8,899,983,424)
-    frozen_on_resume=DIFFUSION_FROZEN_ON_RESUME + ("flow.lora_targets", "flow.lora_blocks", "flow.training_adapter"),
+    frozen_on_resume=FLOW_FROZEN_ON_RESUME,
     exports=("LoRA: output/pytorch_lora_weights.safetensors (diffusers) and a kohya/ComfyUI file "
              "(lora_unet_double_blocks_... keys, as for FLUX.1)",
              "full: a diffusers folder (no single file yet)"),
     demo_preset="demo-chroma.yaml",
     demo_assets={"tiny-chroma": "trainer.families.chroma.demo:ensure_tiny_chroma"},
     section="flow",
-    section_title="Flow matching (SD3, FLUX, Chroma)",
+    section_title=FLOW_SECTION_TITLE,
     xformers=False,  # diffusers' attention processors on SDPA; xformers is wired for the UNets
 )

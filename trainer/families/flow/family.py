@@ -40,6 +40,27 @@ class FlowFamily:
         self.item_buckets: list[int] | None = None
         self.evaluator: Evaluates | None = None  # the validation loss, when the run holds images out
 
+    # ---- FlowModel hooks with a default, what FLUX.1, SD3 and Chroma need --------------------------------------
+    # Qwen-Image's VAE is a video VAE (a frame dimension, per-channel mean/std), its guidance argument is
+    # true_cfg_scale, its last block's text stream is never read, and ComfyUI maps no OneTrainer names for it: it
+    # overrides these five.
+    def lora_paths(self, paths: list[str]) -> list[str]:
+        return paths  # every selected layer reaches the prediction (FLUX's last double block feeds its single ones)
+
+    def image_vae(self, vae: Any) -> Any:
+        return vae  # a 2D AutoencoderKL: the latent cache calls it as it is
+
+    def normalize_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        vae = self.flow.vae.config
+        return (latents - (vae.shift_factor or 0.0)) * vae.scaling_factor
+
+    def guidance_kwargs(self, guidance_scale: float) -> dict:
+        return {"guidance_scale": guidance_scale}
+
+    def comfy_adapter_name(self, path: str) -> str:
+        # OneTrainer's names, which ComfyUI maps for SD3 and Flux (Chroma) through their diffusers-to-original tables
+        return "lora_transformer_" + path.replace(".", "_")
+
     def load(self) -> None:
         self.flow.load()
         self.evaluator = self.flow.evaluator

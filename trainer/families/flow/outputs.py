@@ -21,7 +21,8 @@ A LoRA:
 - `<name>_kohya.safetensors` in the family's kohya/ComfyUI layout (its `kohya_lora` hook: FLUX's fused BFL names in
   `trainer.families.flow.kohya_flux`; none for SD3, whose diffusers file ComfyUI reads as is) with `ss_*` /
   modelspec metadata (base model, trigger word, rank, alpha, steps; the family's `kohya_metadata`).
-- LoKr / LoHa / DoRA: peft folders, and OneTrainer-style names over diffusers paths that ComfyUI maps.
+- LoKr / LoHa / DoRA: peft folders, and names over diffusers paths that ComfyUI maps (the family's
+  `comfy_adapter_name`: OneTrainer's `lora_transformer_...` for SD3, FLUX and Chroma).
 """
 
 from __future__ import annotations
@@ -75,8 +76,8 @@ def save_flow_lora(trainer, out_dir: Path, *, step: int) -> list[str]:
         tensors = trainer.model.kohya_lora(state, {p: a for p, (_, a) in modules.items()}, transformer)
         if tensors is None:
             return outputs
-    else:  # OneTrainer's names over diffusers paths, which ComfyUI maps onto (slices of) its fused weights
-        tensors = kohya_tensors((transformer, lambda p: "lora_transformer_" + p.replace(".", "_")))
+    else:  # names over diffusers paths that ComfyUI maps onto (slices of) its weights: the comfy_adapter_name hook
+        tensors = kohya_tensors((transformer, trainer.model.comfy_adapter_name))
     extra = network_metadata(trainer.cfg.lora) if kind != "lora" else {}
     name = _file_name(trainer.cfg.name or "lora")
     outputs.append(str(_write_flow_kohya(trainer, out_dir / f"{name}_kohya.safetensors", tensors, step, extra)))

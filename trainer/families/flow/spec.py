@@ -1,10 +1,6 @@
 """SD3/3.5 and FLUX.1: flow-matching transformers, as the torch-free side sees them (trainer.families.spec)."""
 
-from trainer.families.spec import DIFFUSION_FROZEN_ON_RESUME, FLOW_PATH_KEYS, FamilySpec
-
-# Which transformer layers carry LoRA, and the frozen training adapter under it, decide what the LoRA learns.
-_FROZEN = DIFFUSION_FROZEN_ON_RESUME + ("flow.lora_targets", "flow.lora_blocks", "flow.training_adapter")
-_SECTION_TITLE = "Flow matching (SD3, FLUX, Chroma)"
+from trainer.families.spec import FLOW_FROZEN_ON_RESUME, FLOW_PATH_KEYS, FLOW_SECTION_TITLE, FamilySpec
 
 SD3 = FamilySpec(
     name="sd3",
@@ -16,13 +12,13 @@ SD3 = FamilySpec(
     path_keys=FLOW_PATH_KEYS,
     published_parameters=2.03e9,  # SD3/3.5 medium MMDiT
     published_variants={"large": 8.06e9},
-    frozen_on_resume=_FROZEN,
+    frozen_on_resume=FLOW_FROZEN_ON_RESUME,
     exports=("LoRA: output/pytorch_lora_weights.safetensors (diffusers keys, which ComfyUI also loads for SD3)",
              "full: a diffusers folder and Stability's all-in-one single file"),
     demo_preset="demo-sd3.yaml",
     demo_assets={"tiny-sd3": "trainer.families.flow.demo:ensure_tiny_sd3"},
     section="flow",
-    section_title=_SECTION_TITLE,
+    section_title=FLOW_SECTION_TITLE,
     xformers=False,  # their transformers run diffusers' attention processors on SDPA; xformers is wired for UNets
 )
 
@@ -35,12 +31,12 @@ FLUX = FamilySpec(
     trained_component="transformer",
     path_keys=FLOW_PATH_KEYS,
     published_parameters=11.9e9,  # FLUX.1 dev/schnell transformer
-    frozen_on_resume=_FROZEN,
+    frozen_on_resume=FLOW_FROZEN_ON_RESUME,
     exports=("LoRA: diffusers file and a kohya/ComfyUI file (lora_unet_double_blocks_... keys)",
              "full: a diffusers folder and BFL's single-file layout"),
     demo_preset="demo-flux.yaml",
     demo_assets={"tiny-flux": "trainer.families.flow.demo:ensure_tiny_flux"},
     section="flow",
-    section_title=_SECTION_TITLE,
+    section_title=FLOW_SECTION_TITLE,
     xformers=False,  # their transformers run diffusers' attention processors on SDPA; xformers is wired for UNets
 )

@@ -46,6 +46,21 @@ class FlowModel(Protocol):
 
     def max_sequence_length(self) -> int: ...
 
+    def lora_paths(self, paths: list[str]) -> list[str]:
+        """Of the layers the targets select, those that get LoRA: a layer whose output never reaches the prediction
+        (the last two-stream block's text stream, where nothing reads it) would train nothing, and DDP refuses a
+        parameter without a gradient."""
+
+    def image_vae(self, vae: Any) -> Any:
+        """The VAE as the latent cache calls it: `encode(B, C, H, W pixels).latent_dist` with (B, C, h, w) mean and
+        std (a video VAE's frame dimension hidden here), with its `dtype` and `config`."""
+
+    def normalize_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        """VAE latents (B, C, h, w) in the transformer's space (FLUX/SD3: shift and scaling factors)."""
+
+    def guidance_kwargs(self, guidance_scale: float) -> dict:
+        """The pipeline's guidance argument for `sample.guidance_scale` (its name differs between pipelines)."""
+
     def encode_caption(self, caption: str) -> dict[str, torch.Tensor]:
         """The frozen encoders' outputs for one caption (batch dimension 1), on the device."""
 
@@ -68,6 +83,9 @@ class FlowModel(Protocol):
                    transformer: torch.nn.Module) -> dict[str, torch.Tensor] | None:
         """A plain LoRA's tensors in the layout ComfyUI loads for this model (`state`: the diffusers/peft state
         dict; `alphas`: per module path), or None where ComfyUI reads the diffusers file as it is."""
+
+    def comfy_adapter_name(self, path: str) -> str:
+        """The module name ComfyUI maps onto the transformer's `path` (diffusers' name) in a LoKr/LoHa/DoRA file."""
 
     def kohya_metadata(self) -> dict[str, str]:
         """The `ss_*` / modelspec entries that name this model in the ComfyUI file's header."""
@@ -136,7 +154,8 @@ class FlowTransformerTrainer:
         self.transformer.train()
         self.text_embeddings = {}
         self.text_cache = None
-        self.data = CaptionedLatents(self.ctx, self.vae)  # no class images: prior preservation is refused above
+        # No class images: prior preservation is refused above. The VAE as the family's image_vae hook shows it.
+        self.data = CaptionedLatents(self.ctx, model.image_vae(self.vae))
         # The validation loss goes through the transformer itself: no DDP wrapper expects a backward of it.
         self.evaluator = held_out_loss(self.ctx, self.data,
                                        lambda rows, stream: self._rows_loss(rows, stream, self.transformer),
@@ -179,7 +198,7 @@ class FlowTransformerTrainer:
             match = re.fullmatch(r"([a-z_]+)\.(\d+)\.(.+)", name)
             if match and isinstance(module, torch.nn.Linear) and match.group(3) in wanted.get(match.group(1), ()):
                 paths.append(name)
-        return paths
+        return self.model.lora_paths(paths)
 
     def param_groups(self) -> list[dict]:
         return [{"params": [p for p in self.transformer.parameters() if p.requires_grad], "lr": self.cfg.train.lr}]
@@ -266,7 +285,6 @@ class FlowTransformerTrainer:
 
     def _rows_loss(self, rows: list[Row], stream: int, transformer: torch.nn.Module) -> torch.Tensor:
         cfg, flow, device = self.cfg, self.cfg.flow, self.ctx.device
-        vae = self.vae.config
         objective = Objective.from_config(cfg.train)
         dists, eps, noises, inputs, sigma_list = [], [], [], [], []
         for position, epoch, image_index, expanded_index, kind in rows:
@@ -282,7 +300,7 @@ class FlowTransformerTrainer:
             sigma_list.append(sigma)
         mean = torch.stack([on_device(m, device) for m, _ in dists])
         std = torch.stack([on_device(s, device) for _, s in dists])
-        x0 = (mean + std * on_device(torch.stack(eps), device) - (vae.shift_factor or 0.0)) * vae.scaling_factor
+        x0 = self.model.normalize_latents(mean + std * on_device(torch.stack(eps), device))
         noise = on_device(torch.stack(noises), device)
         sigmas = tensor_on(sigma_list, device, torch.float32)
         noisy, target = fm.noisy_and_target(x0, noise, sigmas, on_device(torch.stack(inputs), device))
@@ -331,7 +349,7 @@ class FlowTransformerTrainer:
                 with torch.autocast(self.ctx.device.type, dtype=low or torch.float32, enabled=low is not None), \
                         (self.adapter.off() if self.adapter is not None else contextlib.nullcontext()):
                     out = pipe(height=height, width=width, num_inference_steps=steps, generator=gen,
-                               guidance_scale=guidance_scale, **text)
+                               **model.guidance_kwargs(guidance_scale), **text)
                 images.extend(out.images)
         finally:
             self.transformer.train()

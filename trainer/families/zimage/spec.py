@@ -1,6 +1,6 @@
 """Z-Image, as the torch-free side sees it (trainer.families.spec). Its settings are the flow-matching section's."""
 
-from trainer.families.spec import DIFFUSION_FROZEN_ON_RESUME, FLOW_PATH_KEYS, FamilySpec
+from trainer.families.spec import FLOW_FROZEN_ON_RESUME, FLOW_PATH_KEYS, FLOW_SECTION_TITLE, FamilySpec
 
 ZIMAGE = FamilySpec(
     name="zimage",
@@ -11,13 +11,13 @@ ZIMAGE = FamilySpec(
     trained_component="transformer",
     path_keys=FLOW_PATH_KEYS,
     published_parameters=6.15e9,  # the model card's 6B (ZImageTransformer2DModel(): 6,154,908,736)
-    frozen_on_resume=DIFFUSION_FROZEN_ON_RESUME + ("flow.lora_targets", "flow.training_adapter"),
+    frozen_on_resume=FLOW_FROZEN_ON_RESUME,
     exports=("LoRA: output/pytorch_lora_weights.safetensors (diffusers) and a ComfyUI file "
              "(diffusion_model.layers... lora_A/lora_B/alpha keys, ComfyUI's Lumina2 key map)",
              "full: a diffusers folder (no single file yet)"),
     demo_preset="demo-zimage.yaml",
     demo_assets={"tiny-zimage": "trainer.families.zimage.demo:ensure_tiny_zimage"},
     section="flow",
-    section_title="Flow matching (SD3, FLUX, Chroma)",  # the section's shared title (trainer/families/flow/spec.py)
+    section_title=FLOW_SECTION_TITLE,
     xformers=False,  # diffusers' attention processors on SDPA; xformers is wired for the UNets
 )

@@ -1,0 +1,23 @@
+"""Qwen-Image, as the torch-free side sees it (trainer.families.spec). Its settings are the flow-matching section's."""
+
+from trainer.families.spec import FLOW_FROZEN_ON_RESUME, FLOW_PATH_KEYS, FLOW_SECTION_TITLE, FamilySpec
+
+QWENIMAGE = FamilySpec(
+    name="qwenimage",
+    title="Qwen-Image (Qwen-Image, Qwen-Image-2512)",
+    implementation="trainer.families.qwenimage.family:QwenImageFamily",
+    checks="trainer.families.qwenimage.checks:qwenimage_checks",
+    bucket_multiple=16,  # the transformer packs 2x2 latent patches of the 8x VAE
+    trained_component="transformer",
+    path_keys=FLOW_PATH_KEYS,
+    published_parameters=20e9,  # the model card's 20B (QwenImageTransformer2DModel(): 20,430,401,088)
+    frozen_on_resume=FLOW_FROZEN_ON_RESUME,
+    exports=("LoRA: output/pytorch_lora_weights.safetensors (diffusers) and a kohya/ComfyUI file "
+             "(lora_unet_transformer_blocks_... keys, with alphas)",
+             "full: a diffusers folder (no single file yet)"),
+    demo_preset="demo-qwenimage.yaml",
+    demo_assets={"tiny-qwenimage": "trainer.families.qwenimage.demo:ensure_tiny_qwenimage"},
+    section="flow",
+    section_title=FLOW_SECTION_TITLE,
+    xformers=False,  # diffusers' attention processors on SDPA; xformers is wired for the UNets
+)
