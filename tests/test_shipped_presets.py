@@ -80,11 +80,12 @@ def test_every_extra_the_keys_pull_in_is_declared_in_pyproject():
 @pytest.mark.parametrize("preset", DEMO_PRESETS, ids=lambda p: p.stem)
 def test_every_demo_preset_trains_a_step_to_done(preset, tmp_path):
     _skip_without_cuda_packages(preset)
-    # The preset as shipped, one step; samples drawn with 2 denoising steps (the run still samples and evaluates
-    # at step 0 and at the end, as the preset says).
+    # The preset as shipped, one step, without samples and evaluations: what this proves is that everything the
+    # preset needs is installed and starts (drawing samples is each family's own tests' subject, and would double
+    # this test's time).
     result = subprocess.run(
         [sys.executable, str(REPO / "launch.py"), "--preset", str(preset), "--runs-dir", str(tmp_path / "runs"),
-         "train.steps=1", "sample.steps=2"],
+         "train.steps=1", "sample.every=0", "eval.every=0"],
         cwd=tmp_path, capture_output=True, text=True, timeout=600)
     run_dir = next((tmp_path / "runs").glob(preset.stem + "*"))
     events = read_events(run_dir)
