@@ -82,5 +82,11 @@ class FlowFamily:
     def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
         self.flow.load_trainable_state(state)
 
+    def normalize_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        """The FlowModel hook's default: the VAE config's shift and scale, as the FLUX/SD3/Chroma/Z-Image pipelines
+        undo them before decoding."""
+        vae = self.flow.vae.config
+        return (latents - (vae.shift_factor or 0.0)) * vae.scaling_factor
+
     def save_outputs(self, out_dir: Path, *, step: int) -> list[str]:
         return save_flow_outputs(self.flow, out_dir, step=step)

@@ -54,6 +54,11 @@ class FlowModel(Protocol):
 
     def shift(self, latent_shape: tuple[int, ...]) -> float: ...
 
+    def normalize_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        """The VAE's latents (B, C, H, W) as the transformer sees them, same shape: FlowFamily's default is the VAE
+        config's `(z - shift_factor) * scaling_factor` (FLUX.1, SD3, Chroma, Z-Image); FLUX.2's VAE normalises
+        its 2x2-patchified latents by batch-norm statistics instead."""
+
     def forward(self, model: Any, noisy: torch.Tensor, sigmas: torch.Tensor, text: dict) -> torch.Tensor:
         """The transformer's velocity prediction, in the latents' (B, C, H, W) layout."""
 
@@ -266,7 +271,6 @@ class FlowTransformerTrainer:
 
     def _rows_loss(self, rows: list[Row], stream: int, transformer: torch.nn.Module) -> torch.Tensor:
         cfg, flow, device = self.cfg, self.cfg.flow, self.ctx.device
-        vae = self.vae.config
         objective = Objective.from_config(cfg.train)
         dists, eps, noises, inputs, sigma_list = [], [], [], [], []
         for position, epoch, image_index, expanded_index, kind in rows:
@@ -282,7 +286,7 @@ class FlowTransformerTrainer:
             sigma_list.append(sigma)
         mean = torch.stack([on_device(m, device) for m, _ in dists])
         std = torch.stack([on_device(s, device) for _, s in dists])
-        x0 = (mean + std * on_device(torch.stack(eps), device) - (vae.shift_factor or 0.0)) * vae.scaling_factor
+        x0 = self.model.normalize_latents(mean + std * on_device(torch.stack(eps), device))
         noise = on_device(torch.stack(noises), device)
         sigmas = tensor_on(sigma_list, device, torch.float32)
         noisy, target = fm.noisy_and_target(x0, noise, sigmas, on_device(torch.stack(inputs), device))
@@ -299,7 +303,12 @@ class FlowTransformerTrainer:
         components = {**self.pipe.components, "transformer": trained_weights.unwrapped(self.ctx, self.transformer)}
         if from_cache:
             components.update({name: None for name in self.model.text_encoder_names})
-        pipe = self.pipeline_class(**components)
+        # `components` leaves out a pipeline's optional settings: its plain registered values come back with it
+        # (Flux2KleinPipeline's is_distilled, which turns its guidance off); module entries are left as they were
+        _, optional = self.pipe._get_signature_keys(self.pipe)
+        settings = {k: self.pipe.config[k] for k in optional
+                    if isinstance(self.pipe.config.get(k), (bool, int, float, str))}
+        pipe = self.pipeline_class(**components, **settings)
         pipe.set_progress_bar_config(disable=True)
         return pipe
 
