@@ -43,7 +43,7 @@ class FlowFamily:
     # ---- FlowModel hooks with a default, what FLUX.1, SD3 and Chroma need --------------------------------------
     # Qwen-Image's VAE is a video VAE (a frame dimension, per-channel mean/std), its guidance argument is
     # true_cfg_scale, its last block's text stream is never read, and ComfyUI maps no OneTrainer names for it: it
-    # overrides these five.
+    # overrides these five. FLUX.2 overrides normalize_latents (batch-norm statistics of 2x2-patchified latents).
     def lora_paths(self, paths: list[str]) -> list[str]:
         return paths  # every selected layer reaches the prediction (FLUX's last double block feeds its single ones)
 
@@ -102,6 +102,7 @@ class FlowFamily:
 
     def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
         self.flow.load_trainable_state(state)
+
 
     def save_outputs(self, out_dir: Path, *, step: int) -> list[str]:
         return save_flow_outputs(self.flow, out_dir, step=step)

@@ -56,7 +56,9 @@ class FlowModel(Protocol):
         std (a video VAE's frame dimension hidden here), with its `dtype` and `config`."""
 
     def normalize_latents(self, latents: torch.Tensor) -> torch.Tensor:
-        """VAE latents (B, C, h, w) in the transformer's space (FLUX/SD3: shift and scaling factors)."""
+        """VAE latents (B, C, h, w) in the transformer's space, same shape: FlowFamily's default is the VAE config's
+        `(z - shift_factor) * scaling_factor` (FLUX.1, SD3, Chroma, Z-Image); Qwen-Image's per-channel mean/std;
+        FLUX.2's batch-norm statistics of its 2x2-patchified latents."""
 
     def guidance_kwargs(self, guidance_scale: float) -> dict:
         """The pipeline's guidance argument for `sample.guidance_scale` (its name differs between pipelines)."""
@@ -317,7 +319,12 @@ class FlowTransformerTrainer:
         components = {**self.pipe.components, "transformer": trained_weights.unwrapped(self.ctx, self.transformer)}
         if from_cache:
             components.update({name: None for name in self.model.text_encoder_names})
-        pipe = self.pipeline_class(**components)
+        # `components` leaves out a pipeline's optional settings: its plain registered values come back with it
+        # (Flux2KleinPipeline's is_distilled, which turns its guidance off); module entries are left as they were
+        _, optional = self.pipe._get_signature_keys(self.pipe)
+        settings = {k: self.pipe.config[k] for k in optional
+                    if isinstance(self.pipe.config.get(k), (bool, int, float, str))}
+        pipe = self.pipeline_class(**components, **settings)
         pipe.set_progress_bar_config(disable=True)
         return pipe
 
