@@ -19,11 +19,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.engine_helpers import assert_lora_loaded, assert_same_weights, final_weights, launch, log_of, progress
+from tests import flow_family_runs as flow_runs
 from trainer.core.config import load_config
 from trainer.errors import ConfigError
-from trainer.core.hardware import CPU_ONLY
-from trainer.core.resume import resume_run
 from trainer.families.components import flow_matching as fm
 
 PRESET = Path(__file__).resolve().parents[1] / "presets" / "demo-chroma.yaml"
@@ -105,8 +103,7 @@ def test_flux_dev_guidance_is_refused_with_the_reason():
 
 # ---- through the real launcher ----------------------------------------------------------------------------------
 
-RUN = ["precision=fp32", "batch.total=2", "train.steps=4", "train.lr=1e-3", "train.warmup_steps=0",
-       "sample.every=0", "checkpoint.every=0", "flow.max_sequence_length=16"]
+EXTRA = ("flow.max_sequence_length=16",)
 
 
 @pytest.fixture(scope="module")
@@ -121,40 +118,22 @@ def runs(tmp_path_factory):
     return tmp_path_factory.mktemp("chroma-runs")
 
 
-def _config(tiny_chroma, data, *overrides):
-    return load_config(PRESET, [f"model.path={tiny_chroma}", f"data.path={data}", *RUN, *overrides])
-
-
 @pytest.fixture(scope="module")
 def reference(runs, tiny_chroma, data):
-    run_dir, final = launch(runs, _config(tiny_chroma, data, "devices=cpu:1", "batch.per_device=2", "name=ref"))
-    assert final["type"] == "done", log_of(run_dir)
-    return run_dir
+    return flow_runs.reference(runs, PRESET, tiny_chroma, data, *EXTRA)
 
 
 @pytest.mark.slow
 def test_two_processes_match_one_and_the_lora_loads_back(reference, runs, tiny_chroma, data, pipe):
-    run_dir, final = launch(runs, _config(tiny_chroma, data, "devices=cpu:2", "batch.per_device=1", "name=ddp"))
-    assert final["type"] == "done", log_of(run_dir)
-    assert_same_weights(final_weights(reference), final_weights(run_dir))
-    assert [e["loss"] for e in progress(reference)] == pytest.approx([e["loss"] for e in progress(run_dir)], rel=1e-5)
-
     from diffusers import ChromaPipeline
 
-    loaded = ChromaPipeline.from_pretrained(tiny_chroma)
-    loaded.load_lora_weights(reference / "output")
-    assert_lora_loaded(loaded, final_weights(reference))
+    flow_runs.assert_two_processes_match(reference, runs, PRESET, tiny_chroma, data, *EXTRA)
+    flow_runs.assert_lora_loads_back(ChromaPipeline, tiny_chroma, reference)
 
 
 @pytest.mark.slow
 def test_stopped_then_resumed_matches_the_uninterrupted_run(reference, runs, tiny_chroma, data):
-    config = _config(tiny_chroma, data, "devices=cpu:1", "batch.per_device=2", "name=stopped")
-    run_dir, final = launch(runs, config, fault="stop_at_step=2")
-    assert final["type"] == "stopped", log_of(run_dir)
-    final = resume_run(run_dir, [], hw=CPU_ONLY).wait(timeout=300)
-    assert final["type"] == "done", log_of(run_dir)
-    assert [e["step"] for e in progress(run_dir)] == [1, 2, 3, 4]
-    assert_same_weights(final_weights(reference), final_weights(run_dir))
+    flow_runs.assert_resume_matches(reference, runs, PRESET, tiny_chroma, data, *EXTRA)
 
 
 @pytest.mark.slow

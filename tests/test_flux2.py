@@ -20,10 +20,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.engine_helpers import assert_lora_loaded, assert_same_weights, final_weights, launch, log_of, progress
+from tests import flow_family_runs as flow_runs
 from trainer.core.config import load_config
-from trainer.core.hardware import CPU_ONLY
-from trainer.core.resume import resume_run
 from trainer.errors import ConfigError
 from trainer.families.components import flow_matching as fm
 
@@ -151,8 +149,7 @@ def test_keys_without_effect_are_refused_with_the_reason():
 
 # ---- through the real launcher ----------------------------------------------------------------------------------
 
-RUN = ["precision=fp32", "batch.total=2", "train.steps=4", "train.lr=1e-3", "train.warmup_steps=0",
-       "sample.every=0", "checkpoint.every=0", "flow.max_sequence_length=32"]
+EXTRA = ("flow.max_sequence_length=32",)
 
 
 @pytest.fixture(scope="module")
@@ -167,55 +164,33 @@ def runs(tmp_path_factory):
     return tmp_path_factory.mktemp("flux2-runs")
 
 
-def _config(tiny_klein, data, *overrides):
-    return load_config(PRESET, [f"model.path={tiny_klein}", f"data.path={data}", *RUN, *overrides])
-
-
 @pytest.fixture(scope="module")
 def reference(runs, tiny_klein, data):
-    run_dir, final = launch(runs, _config(tiny_klein, data, "devices=cpu:1", "batch.per_device=2", "name=ref"))
-    assert final["type"] == "done", log_of(run_dir)
-    return run_dir
+    return flow_runs.reference(runs, PRESET, tiny_klein, data, *EXTRA)
 
 
 @pytest.mark.slow
 def test_two_processes_match_one_and_the_lora_loads_back(reference, runs, tiny_klein, data):
-    run_dir, final = launch(runs, _config(tiny_klein, data, "devices=cpu:2", "batch.per_device=1", "name=ddp"))
-    assert final["type"] == "done", log_of(run_dir)
-    assert_same_weights(final_weights(reference), final_weights(run_dir))
-    assert [e["loss"] for e in progress(reference)] == pytest.approx([e["loss"] for e in progress(run_dir)], rel=1e-5)
-
     from diffusers import Flux2KleinPipeline
 
-    loaded = Flux2KleinPipeline.from_pretrained(tiny_klein)
-    loaded.load_lora_weights(reference / "output")
-    assert_lora_loaded(loaded, final_weights(reference))
+    flow_runs.assert_two_processes_match(reference, runs, PRESET, tiny_klein, data, *EXTRA)
+    flow_runs.assert_lora_loads_back(Flux2KleinPipeline, tiny_klein, reference)
 
 
 @pytest.mark.slow
 def test_dev_trains_and_its_lora_loads_back_with_the_comfyui_keys(runs, tiny_models, pipes, data):
     from diffusers import Flux2Pipeline
 
-    config = load_config(PRESETS / "demo-flux2.yaml", [f"model.path={tiny_models['flux2']}", f"data.path={data}",
-                                                        *RUN, "flow.max_sequence_length=96", "devices=cpu:1",
-                                                        "batch.per_device=2", "name=dev", "flow.guidance=3.5"])
-    run_dir, final = launch(runs, config)
-    assert final["type"] == "done", log_of(run_dir)
-    loaded = Flux2Pipeline.from_pretrained(tiny_models["flux2"])
-    loaded.load_lora_weights(run_dir / "output")
-    assert_lora_loaded(loaded, final_weights(run_dir))
+    run_dir = flow_runs.train(runs, PRESETS / "demo-flux2.yaml", tiny_models["flux2"], data,
+                              "flow.max_sequence_length=96", "devices=cpu:1", "batch.per_device=2", "name=dev",
+                              "flow.guidance=3.5")
+    flow_runs.assert_lora_loads_back(Flux2Pipeline, tiny_models["flux2"], run_dir)
     _assert_comfyui_keys(run_dir / "output" / "dev_kohya.safetensors", pipes["flux2"].transformer.config)
 
 
 @pytest.mark.slow
 def test_stopped_then_resumed_matches_the_uninterrupted_run(reference, runs, tiny_klein, data):
-    config = _config(tiny_klein, data, "devices=cpu:1", "batch.per_device=2", "name=stopped")
-    run_dir, final = launch(runs, config, fault="stop_at_step=2")
-    assert final["type"] == "stopped", log_of(run_dir)
-    final = resume_run(run_dir, [], hw=CPU_ONLY).wait(timeout=300)
-    assert final["type"] == "done", log_of(run_dir)
-    assert [e["step"] for e in progress(run_dir)] == [1, 2, 3, 4]
-    assert_same_weights(final_weights(reference), final_weights(run_dir))
+    flow_runs.assert_resume_matches(reference, runs, PRESET, tiny_klein, data, *EXTRA)
 
 
 def _comfy_flux2_lora_keys(config) -> dict[str, tuple[str, int]]:

@@ -21,10 +21,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.engine_helpers import assert_lora_loaded, assert_same_weights, final_weights, launch, log_of, progress
+from tests import flow_family_runs as flow_runs
+from tests.flow_family_runs import flow_config
+from tests.engine_helpers import launch, log_of
 from trainer.core.config import load_config
-from trainer.core.hardware import CPU_ONLY
-from trainer.core.resume import resume_run
 from trainer.errors import ConfigError
 from trainer.families.components import flow_matching as fm
 
@@ -163,8 +163,7 @@ def test_flux_keys_are_refused_with_the_reason():
 
 # ---- through the real launcher ----------------------------------------------------------------------------------
 
-RUN = ["precision=fp32", "batch.total=2", "train.steps=4", "train.lr=1e-3", "train.warmup_steps=0",
-       "sample.every=0", "checkpoint.every=0", "lora.alpha=2"]  # alpha != rank: the ComfyUI file must carry it
+EXTRA = ("lora.alpha=2",)  # alpha != rank: the ComfyUI file must carry it
 
 
 @pytest.fixture(scope="module")
@@ -180,39 +179,25 @@ def runs(tmp_path_factory):
 
 
 def _config(tiny_qwen, data, *overrides):
-    return load_config(PRESET, [f"model.path={tiny_qwen}", f"data.path={data}", *RUN, *overrides])
+    return flow_config(PRESET, tiny_qwen, data, *EXTRA, *overrides)
 
 
 @pytest.fixture(scope="module")
 def reference(runs, tiny_qwen, data):
-    run_dir, final = launch(runs, _config(tiny_qwen, data, "devices=cpu:1", "batch.per_device=2", "name=ref"))
-    assert final["type"] == "done", log_of(run_dir)
-    return run_dir
+    return flow_runs.reference(runs, PRESET, tiny_qwen, data, *EXTRA)
 
 
 @pytest.mark.slow
 def test_two_processes_match_one_and_the_lora_loads_back(reference, runs, tiny_qwen, data, pipe):
-    run_dir, final = launch(runs, _config(tiny_qwen, data, "devices=cpu:2", "batch.per_device=1", "name=ddp"))
-    assert final["type"] == "done", log_of(run_dir)
-    assert_same_weights(final_weights(reference), final_weights(run_dir))
-    assert [e["loss"] for e in progress(reference)] == pytest.approx([e["loss"] for e in progress(run_dir)], rel=1e-5)
-
     from diffusers import QwenImagePipeline
 
-    loaded = QwenImagePipeline.from_pretrained(tiny_qwen)
-    loaded.load_lora_weights(reference / "output")
-    assert_lora_loaded(loaded, final_weights(reference))
+    flow_runs.assert_two_processes_match(reference, runs, PRESET, tiny_qwen, data, *EXTRA)
+    flow_runs.assert_lora_loads_back(QwenImagePipeline, tiny_qwen, reference)
 
 
 @pytest.mark.slow
 def test_stopped_then_resumed_matches_the_uninterrupted_run(reference, runs, tiny_qwen, data):
-    config = _config(tiny_qwen, data, "devices=cpu:1", "batch.per_device=2", "name=stopped")
-    run_dir, final = launch(runs, config, fault="stop_at_step=2")
-    assert final["type"] == "stopped", log_of(run_dir)
-    final = resume_run(run_dir, [], hw=CPU_ONLY).wait(timeout=300)
-    assert final["type"] == "done", log_of(run_dir)
-    assert [e["step"] for e in progress(run_dir)] == [1, 2, 3, 4]
-    assert_same_weights(final_weights(reference), final_weights(run_dir))
+    flow_runs.assert_resume_matches(reference, runs, PRESET, tiny_qwen, data, *EXTRA)
 
 
 @pytest.mark.slow
