@@ -39,6 +39,7 @@ def finished(tmp_path_factory) -> Path:
     return runs / "demo"
 
 
+@pytest.mark.slow
 def test_checkpoint_export_writes_the_outputs_of_every_checkpoint(finished):
     assert exported_steps(finished) == [2]  # step 4's outputs are the run's own, in output/
     exports = [e for e in read_events(finished) if e["type"] == "export"]
@@ -54,6 +55,7 @@ def test_checkpoint_export_writes_the_outputs_of_every_checkpoint(finished):
     assert any(not torch.equal(step2[k], end[k]) for k in step2)
 
 
+@pytest.mark.slow
 def test_export_of_the_last_checkpoint_matches_the_finished_runs_outputs(finished):
     out = cli("--export", str(finished), "--step", "4")
     assert out.returncode == 0, out.stdout + out.stderr
@@ -69,6 +71,7 @@ def test_export_of_the_last_checkpoint_matches_the_finished_runs_outputs(finishe
         p.name for p in (finished / "output").iterdir() if p.is_file())
 
 
+@pytest.mark.slow
 def test_a_stopped_run_exports_a_lora_that_diffusers_loads(tmp_path):
     runs = tmp_path / "runs"
     stopped = cli("--preset", "demo", "--runs-dir", str(runs), *DEMO, "checkpoint.every=0",
@@ -99,6 +102,7 @@ def test_bad_export_arguments_are_one_paragraph(tmp_path, args, says):
     assert says in out.stderr and "Traceback" not in out.stderr and out.stderr.count("\n") == 1
 
 
+@pytest.mark.slow  # `finished` trains a run
 def test_a_step_without_a_checkpoint_is_refused_naming_the_ones_there(finished):
     out = cli("--export", str(finished), "--step", "3")
     assert out.returncode == 2 and "Traceback" not in out.stderr

@@ -4,6 +4,8 @@ reported and the queue goes on; a cancelled run never starts."""
 
 from __future__ import annotations
 
+import pytest
+
 import os
 import shutil
 import subprocess
@@ -24,6 +26,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
                           timeout=900, env=env, cwd=ROOT)
 
 
+@pytest.mark.slow
 def test_queued_runs_start_in_order_a_broken_one_is_skipped_a_cancelled_one_never_starts(tmp_path):
     runs = tmp_path / "runs"
     data = tmp_path / "data"

@@ -4,6 +4,8 @@ in library.log instead."""
 
 from __future__ import annotations
 
+import pytest
+
 import os
 import re
 import subprocess
@@ -23,6 +25,7 @@ def cli(*args: str, fault: str | None = None) -> subprocess.CompletedProcess:
                           timeout=900, env=env, cwd=ROOT)
 
 
+@pytest.mark.slow
 def test_a_demo_runs_log_tells_its_story(tmp_path):
     runs = tmp_path / "runs"
     common = ["--runs-dir", str(runs)]
