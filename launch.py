@@ -300,14 +300,6 @@ def print_plan(plan) -> None:
     sys.stdout.flush()
 
 
-def _duration(seconds) -> str:
-    if seconds is None:
-        return "?"
-    seconds = int(seconds)
-    h, rest = divmod(seconds, 3600)
-    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
-
-
 def follow(proc, start_step: int, offset: int) -> int:
     """Show the run's events until its final one; Ctrl-C/SIGTERM asks for a graceful stop, twice kills."""
     from tqdm import tqdm
@@ -352,13 +344,15 @@ def follow(proc, start_step: int, offset: int) -> int:
 def show(event: dict, bar, proc) -> dict | None:
     kind = event.get("type")
     if kind == "progress":
+        from trainer.core.runlog import duration  # the same h:mm:ss as train.log's lines
+
         bar.total = event.get("steps", bar.total)
         bar.update(event["step"] - bar.n)
         rate = event.get("samples_per_s")
         parts = [f"loss {event['loss']:.4f}" if event.get("loss") is not None else None,
                  f"lr {event['lr']:.2e}" if event.get("lr") is not None else None,
                  f"{rate / proc.plan.total:.2f} it/s" if rate else None,
-                 f"ETA {_duration(event.get('eta_s'))}"]
+                 f"ETA {duration(event.get('eta_s'))}"]
         bar.set_postfix_str(" · ".join(p for p in parts if p))
     elif kind == "warning":
         bar.write(f"warning: {event.get('message')}")

@@ -1,7 +1,8 @@
 """What every flow-matching family's tests check through the real launcher, written once: a tiny model trained
 4 steps from its demo preset (fp32, batch 2, no samples) is the reference; a run stopped at step 2 and resumed on
 2 processes x 1 per device gives the reference's losses and weights; the LoRA file loads back through the family's pipeline with exactly the trained weights.
-Each family's test module keeps its own model fixtures and its model-specific checks."""
+Each family's test module imports the `data` and `runs` fixtures and keeps its own model fixtures and
+model-specific checks."""
 
 from __future__ import annotations
 
@@ -16,6 +17,19 @@ from trainer.core.resume import resume_run
 
 RUN = ("precision=fp32", "batch.total=2", "train.steps=4", "train.lr=1e-3", "train.warmup_steps=0",
        "sample.every=0", "checkpoint.every=0")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """The demo's shapes, 4 images: what every family's launcher runs train on."""
+    from trainer.families.sd.demo import make_demo_dataset
+
+    return make_demo_dataset(tmp_path_factory.mktemp("flow-data") / "data", count=4)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return tmp_path_factory.mktemp("flow-runs")
 
 
 def flow_config(preset: Path, model: Path, data: Path, *overrides: str):

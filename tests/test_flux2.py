@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests import flow_family_runs as flow_runs
+from tests.flow_family_runs import data, runs  # noqa: F401  (fixtures)
 from trainer.core.config import load_config
 from trainer.errors import ConfigError
 from trainer.families.components import flow_matching as fm
@@ -150,18 +151,6 @@ def test_keys_without_effect_are_refused_with_the_reason():
 # ---- through the real launcher ----------------------------------------------------------------------------------
 
 EXTRA = ("flow.max_sequence_length=32",)
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    from trainer.families.sd.demo import make_demo_dataset
-
-    return make_demo_dataset(tmp_path_factory.mktemp("flux2-data") / "data", count=4)
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    return tmp_path_factory.mktemp("flux2-runs")
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests import flow_family_runs as flow_runs
+from tests.flow_family_runs import data, runs  # noqa: F401  (fixtures)
 from tests.flow_family_runs import flow_config
 from tests.engine_helpers import launch, log_of
 from trainer.core.config import load_config
@@ -164,18 +165,6 @@ def test_flux_keys_are_refused_with_the_reason():
 # ---- through the real launcher ----------------------------------------------------------------------------------
 
 EXTRA = ("lora.alpha=2",)  # alpha != rank: the ComfyUI file must carry it
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    from trainer.families.sd.demo import make_demo_dataset
-
-    return make_demo_dataset(tmp_path_factory.mktemp("qwenimage-data") / "data", count=4)
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    return tmp_path_factory.mktemp("qwenimage-runs")
 
 
 def _config(tiny_qwen, data, *overrides):

@@ -24,6 +24,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests import flow_family_runs as flow_runs
+from tests.flow_family_runs import data, runs  # noqa: F401  (fixtures)
 from tests.flow_family_runs import flow_config
 from tests.engine_helpers import final_weights, launch, log_of, progress
 from trainer.core.config import load_config
@@ -200,18 +201,6 @@ def test_flux_only_keys_are_refused_with_the_reason():
 # ---- through the real launcher ----------------------------------------------------------------------------------
 
 EXTRA = ("flow.max_sequence_length=48",)
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    from trainer.families.sd.demo import make_demo_dataset
-
-    return make_demo_dataset(tmp_path_factory.mktemp("zimage-data") / "data", count=4)
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    return tmp_path_factory.mktemp("zimage-runs")
 
 
 def _config(tiny_zimage, data, *overrides):
