@@ -46,6 +46,9 @@ class Plan:
     fp8_compute: bool = False
     # train.channels_last: the UNet and VAE are stored channels-last (trainer.families.components.unet_training).
     channels_last: bool = False
+    # model.block_swap resolved: how many of the transformer's last blocks keep their frozen weights in CPU memory
+    # (trainer.families.components.block_swap).
+    block_swap: int = 0
     # Where the multi-node settings came from when a scheduler gave them (trainer.core.slurm), for the plan line.
     cluster: str = ""
 
@@ -65,6 +68,8 @@ class Plan:
             f" · {self.precision}{' · fp8 matmul' if self.fp8_compute else ''} · {self.attention}"
             f"{self._sharding_text()} · {where}"
         )
+        if self.block_swap:
+            line += f" · {self.block_swap} blocks swapped"
         if self.buckets:
             from trainer.core.data.buckets import describe
 
@@ -324,6 +329,8 @@ def make_plan(config: Config, hw: Hardware, parameters: int | None = None) -> Pl
             "the workers try the real step at growing micro-batches before training and keep the largest that "
             "fits" if probe_batch else "1 on the CPU" if device == "cpu" else
             f"1 under {sharding} (the probe runs before the modules are sharded)"))
+    if config.model.block_swap == "auto":
+        notes.append("model.block_swap: auto swaps no block yet (the memory plan that sizes it is to come)")
     total, per_device, accumulation, batch_notes = resolve_batch(total, per_device, world)
     compiled_note = compile_note(config, per_device)
     return Plan(
@@ -343,6 +350,7 @@ def make_plan(config: Config, hw: Hardware, parameters: int | None = None) -> Pl
         probe_batch=probe_batch,
         data_workers=resolve_data_workers(config.data.workers, device, hw.cpu_count, processes),
         fp8_compute=fp8,
+        block_swap=config.model.block_swap if isinstance(config.model.block_swap, int) else 0,
         channels_last=channels_last(config, device),
     )
 

@@ -85,6 +85,12 @@ class FamilySpec:
     """The trained network's size when the model cannot be measured (a hub id)."""
     published_variants: dict[str, float] = field(default_factory=dict)
     """Sizes of named variants: a model path containing the key (`large`) gets that size."""
+    block_lists: tuple[str, ...] = ()
+    """The trained network's attributes holding its repeated blocks (ModuleLists), in forward order: `model.block_swap`
+    keeps the last of them in CPU memory (trainer.families.components.block_swap). Empty: block swap is refused
+    with `block_swap_note`."""
+    block_swap_note: str = ""
+    """Why block swap is refused for it, with what to do instead."""
     frozen_on_resume: tuple[str, ...] = ()
     """This family's keys that may not change on resume (besides COMMON_FROZEN_ON_RESUME), with why in a comment
     where they are declared."""
@@ -109,6 +115,31 @@ class FamilySpec:
         if self.checks:
             problems += load_object(self.checks)(config, check_paths=check_paths)
         return problems
+
+    def block_swap_problem(self, config) -> str | None:
+        """Why `model.block_swap` cannot run for this config, with the fix; None when it can (or is 0)."""
+        swap = config.model.block_swap
+        if swap == 0:
+            return None
+        key = f"model.block_swap: {swap}"
+        if not self.block_lists:
+            return f"{key} is not available for {self.name}: {self.block_swap_note or 'it has no repeated blocks'}"
+        if config.method != "lora":
+            return (f"{key} is for LoRA (method=lora): a full fine-tune would also have to keep the swapped blocks' "
+                    "gradients and optimizer state in CPU memory and step them there, which is not written; a full "
+                    "fine-tune that does not fit one GPU shards across several (distributed.sharding=fsdp)")
+        if not config.train.gradient_checkpointing:
+            return (f"{key} needs train.gradient_checkpointing=true: without it the backward keeps every block's "
+                    "weights on the GPU and nothing is saved; set it, or model.block_swap=0")
+        if config.distributed.sharding in ("fsdp", "deepspeed"):
+            return f"{key} runs under DDP: set distributed.sharding=auto or ddp, or model.block_swap=0"
+        if config.model.fp8_compute != "off" and config.model.base_weights == "fp8":
+            return (f"{key} copies the stored weights; the fp8 matmul's scaled layers are not written for that yet: "
+                    "set model.fp8_compute=off (fp8 storage still halves the weights), or model.block_swap=0")
+        if config.train.compile:
+            return f"{key} swaps weights into each block at its call, which torch.compile does not follow: set " \
+                   "train.compile=off, or model.block_swap=0"
+        return None
 
     def sharding_problem(self, sharding: str) -> str | None:
         if sharding in self.sharding or sharding in ("auto", "ddp"):

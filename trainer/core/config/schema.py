@@ -79,6 +79,13 @@ class ModelConfig:
         "GPU (`python bench/gpu_large.py --base-weights fp8-compute`): so far it has run on the CPU only.",
         choices=("auto", "on", "off"),
     )
+    block_swap: Union[int, str] = key(
+        0,
+        "LoRA on one GPU too small for the model: how many of the transformer's repeated blocks (the last ones) keep "
+        "their frozen weights in CPU memory, each copied to the GPU for its call while the previous block computes "
+        "(`auto`: the fewest that fit the plan's memory estimate; 0: none). Slower by the copies that compute does "
+        "not hide; needs train.gradient_checkpointing; the flow-matching families only (bench/block_swap.md).",
+    )
     zero_terminal_snr: bool = key(
         False,
         "SD and SDXL: rescale the noise schedule so that its last timestep is pure noise (zero terminal SNR, Lin et "

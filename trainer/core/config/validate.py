@@ -140,6 +140,13 @@ def validate(config: Config, *, check_paths: bool = True) -> list[str]:
         p.append("model.base_weights: fp8 saves memory only with train.gradient_checkpointing=true (otherwise "
                  "each layer's upcast weights are kept for the backward pass): set it, or base_weights=default, or "
                  "model.fp8_compute=on on GPUs of compute capability 8.9+ (nothing is upcast there)")
+    swap = config.model.block_swap
+    if swap != "auto" and (isinstance(swap, str) or isinstance(swap, bool) or swap < 0):
+        p.append(f"model.block_swap: a number of blocks (0 or more) or auto, got {swap!r}")
+    else:
+        swap_problem = spec.block_swap_problem(config)
+        if swap_problem:
+            p.append(swap_problem)
     if config.model.fp8_compute == "on" and base_weights != "fp8":
         p.append("model.fp8_compute: on multiplies with the fp8 base weights, and model.base_weights is "
                  f"{base_weights}: set model.base_weights=fp8 too, or model.fp8_compute=auto")

@@ -8,6 +8,7 @@ CHROMA = FamilySpec(
     implementation="trainer.families.chroma.family:ChromaFamily",
     checks="trainer.families.chroma.checks:chroma_checks",
     bucket_multiple=16,  # the transformer packs 2x2 latent patches of the 8x VAE
+    block_lists=("transformer_blocks", "single_transformer_blocks"),
     trained_component="transformer",
     path_keys=FLOW_PATH_KEYS,
     published_parameters=8.9e9,  # the model card's 8.9B (ChromaTransformer2DModel(): 8,899,983,424)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -16,7 +17,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def place_frozen_network(module: ModelMixin, base_weights: str, device: torch.device, dtype: torch.dtype,
-                         fp8_compute: bool = False) -> None:
+                         fp8_compute: bool = False, held: Sequence[torch.nn.Module] = ()) -> None:
     """Move the network a LoRA run adapts (UNet / transformer, still frozen) to `device` in `dtype`, stored as
     `model.base_weights` says. Call it before adding LoRA (the adapter's layers then stay fp32) and never cast the
     module's dtype afterwards (that would dequantize NF4).
@@ -31,9 +32,13 @@ def place_frozen_network(module: ModelMixin, base_weights: str, device: torch.de
 
     Quantized where the model was loaded (the CPU) or layer by layer on the device, so the device never holds
     the whole network in full precision: FLUX's transformer is 24 GB in bf16, more than the cards fp8 and NF4
-    are for."""
+    are for.
+
+    `held`: submodules (the blocks `model.block_swap` swaps, trainer.families.components.block_swap) stored the same
+    way but left in CPU memory: they never reach the device whole."""
     if base_weights == "default":
-        module.to(device, dtype=dtype)
+        module.to(device if not held else None, dtype=dtype)
+        _to_device(module, device, held)
         return
     module.to(dtype=dtype)
     if base_weights == "fp8":
@@ -53,10 +58,21 @@ def place_frozen_network(module: ModelMixin, base_weights: str, device: torch.de
                 # this, a LoRA's initial weights were rounded to float8 before training made them fp32.
                 layer.compute_dtype = dtype
     elif base_weights == "nf4":
-        store_linear_weights_nf4(module, device)
+        store_linear_weights_nf4(module, device, held)
     else:
         raise ValueError(f"unknown model.base_weights {base_weights!r}")
-    module.to(device)  # what was not quantized; stored weights keep their storage dtype
+    _to_device(module, device, held)  # what was not quantized; stored weights keep their storage dtype
+
+
+def _to_device(module: torch.nn.Module, device: torch.device, held: Sequence[torch.nn.Module]) -> None:
+    """`module.to(device)` but for the modules inside `held`."""
+    if not held:
+        module.to(device)
+        return
+    stay = {id(m) for block in held for m in block.modules()}
+    for sub in module.modules():
+        if id(sub) not in stay:
+            sub._apply(lambda t: t.to(device), recurse=False)
 
 
 def layerwise_casting_skips(module: torch.nn.Module) -> tuple[str, ...]:
@@ -82,10 +98,11 @@ def nf4_scaler_block(numel: int) -> int | None:
     return next((size for size in (256, 128, 64, 32, 16, 8, 4, 2) if blocks % size == 0), None)
 
 
-def store_linear_weights_nf4(module: torch.nn.Module, device: torch.device) -> int:
+def store_linear_weights_nf4(module: torch.nn.Module, device: torch.device,
+                             held: Sequence[torch.nn.Module] = ()) -> int:
     """Replace every eligible frozen Linear weight of `module` by a 4-bit NF4Tensor on `device` (quantized there, one
-    layer at a time); returns how many. The NF4 tensor keeps its original dtype for dequantization (the plan's
-    precision), so matmuls run as before."""
+    layer at a time; those inside `held` in CPU memory); returns how many. The NF4 tensor keeps its original dtype
+    for dequantization (the plan's precision), so matmuls run as before."""
     try:
         from torchao.quantization import to_nf4
     except ImportError as err:  # missing, or built for another torch
@@ -94,6 +111,7 @@ def store_linear_weights_nf4(module: torch.nn.Module, device: torch.device) -> i
                         "release made for your torch version), or set model.base_weights=fp8 (8-bit, built in) or "
                         "default.") from None
     stored = 0
+    stay = {id(m) for block in held for m in block.modules()}
     for layer in module.modules():
         weight = getattr(layer, "weight", None)
         if not isinstance(layer, torch.nn.Linear) or weight is None or weight.requires_grad:
@@ -101,7 +119,8 @@ def store_linear_weights_nf4(module: torch.nn.Module, device: torch.device) -> i
         scaler_block = nf4_scaler_block(weight.numel())
         if scaler_block is None or not weight.is_floating_point():
             continue
-        quantized = to_nf4(weight.detach().to(device), NF4_BLOCK, scaler_block)
+        where = torch.device("cpu") if id(layer) in stay else device
+        quantized = to_nf4(weight.detach().to(where), NF4_BLOCK, scaler_block)
         layer.weight = torch.nn.Parameter(quantized, requires_grad=False)
         stored += 1
     return stored

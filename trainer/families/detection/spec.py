@@ -11,6 +11,7 @@ SPEC = FamilySpec(
     method_note="a detector is trained whole; set method=full (LoRA is for the diffusion families)",
     sharding=("ddp",),
     sharding_note="a detector (the largest, RT-DETR v2 R101, has 76M parameters) fits on one GPU; use sharding=auto or ddp",
+    block_swap_note="a detector (76M parameters at most) fits on one GPU whole; set model.block_swap=0",
     section="detection",
     section_title="Object detection",
     checks="trainer.families.detection.checks:detection_problems",

@@ -23,7 +23,9 @@ from trainer.core.data.stream import position_seed
 from trainer.errors import UserError
 from trainer.families.components import flow_matching as fm
 from trainer.families.components import text_cache, trained_weights
+from trainer.families import spec_of
 from trainer.families.components.base_weights import frozen_dtype, place_frozen_network
+from trainer.families.components.block_swap import BlockSwap, ignored_by_ddp, last_blocks
 from trainer.families.components.captioned import torch_generator
 from trainer.families.components.captioned_latents import CaptionedLatents, Row
 from trainer.families.components.latent_cache import weights_fingerprint
@@ -115,6 +117,7 @@ class FlowTransformerTrainer:
         self.text_cache: text_cache.TextEmbeddings | None = None
         self.evaluator: Evaluates | None = None
         self.adapter: Any = None  # flow.training_adapter's hooks, off while sampling
+        self.block_swap: BlockSwap | None = None
 
     # ---- models -------------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -135,8 +138,10 @@ class FlowTransformerTrainer:
         base_dtype = frozen_dtype(plan.precision, "lora")  # of the always-frozen parts: VAE and text encoders
         # fp16 turns FLUX/SD3 losses into NaN (sd-scripts #1571, #1407): VAE and T5 stay fp32 under fp16.
         self.vae.to(device, dtype=torch.float32 if plan.precision == "fp16" else base_dtype)
+        # model.block_swap: those blocks' frozen weights stay in CPU memory, copied in for each call (block_swap.py)
+        swapped = last_blocks(self.transformer, spec_of(cfg.model.family).block_lists, plan.block_swap)
         place_frozen_network(self.transformer, cfg.model.base_weights, device, frozen_dtype(plan.precision, cfg.method),
-                             fp8_compute=plan.fp8_compute)
+                             fp8_compute=plan.fp8_compute, held=swapped)
         for name, te in zip(model.text_encoder_names, self.text_encoders):
             te.to(device, dtype=torch.float32 if plan.precision == "fp16" and name == model.t5_name else base_dtype)
         if cfg.method == "full":
@@ -151,6 +156,9 @@ class FlowTransformerTrainer:
                 from trainer.families.components.adapter_init import apply_start
 
                 apply_start(start, {"transformer": self.transformer}, cfg.lora)
+        if swapped:  # after LoRA: its layers in the swapped blocks move to the device and train there
+            self.block_swap = BlockSwap(swapped, device)
+            ignored_by_ddp(self.transformer)
         if cfg.train.gradient_checkpointing:
             self.transformer.enable_gradient_checkpointing()
         self.transformer.train()

@@ -8,6 +8,7 @@ QWENIMAGE = FamilySpec(
     implementation="trainer.families.qwenimage.family:QwenImageFamily",
     checks="trainer.families.qwenimage.checks:qwenimage_checks",
     bucket_multiple=16,  # the transformer packs 2x2 latent patches of the 8x VAE
+    block_lists=("transformer_blocks",),
     trained_component="transformer",
     path_keys=FLOW_PATH_KEYS,
     published_parameters=20e9,  # the model card's 20B (QwenImageTransformer2DModel(): 20,430,401,088)

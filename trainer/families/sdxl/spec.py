@@ -7,6 +7,7 @@ SPEC = FamilySpec(
     title="Stable Diffusion XL",
     implementation="trainer.families.sdxl.family:StableDiffusionXLFamily",
     checks="trainer.families.components.checks:diffusion_checks",
+    block_swap_note="its UNet has no run of identical blocks to swap (its down and up blocks differ in width); a LoRA fits 12 GB with model.base_weights=fp8 and train.gradient_checkpointing",
     trained_component="unet",
     channels_last=True,
     published_parameters=2.57e9,  # SDXL base UNet

@@ -8,6 +8,7 @@ ZIMAGE = FamilySpec(
     implementation="trainer.families.zimage.family:ZImageFamily",
     checks="trainer.families.zimage.checks:zimage_checks",
     bucket_multiple=16,  # the transformer patchifies 2x2 latent patches of the 8x VAE (ZImagePipeline checks 16)
+    block_lists=("noise_refiner", "context_refiner", "layers"),  # their forward order
     trained_component="transformer",
     path_keys=FLOW_PATH_KEYS,
     published_parameters=6.15e9,  # the model card's 6B (ZImageTransformer2DModel(): 6,154,908,736)
