@@ -295,6 +295,8 @@ def export_headless(args) -> int:
 
 def print_plan(plan) -> None:
     print(f"plan: {plan.line()}")
+    if plan.memory:
+        print(f"memory: {plan.memory}")
     for note in plan.notes:
         print(f"note: {note}")
     sys.stdout.flush()

@@ -68,6 +68,10 @@ def test_every_preset_passes_dry_run(preset, tmp_path, monkeypatch, capsys):
     out = capsys.readouterr()
     assert code == 0, out.out + out.err
     assert " = batch " in out.out  # the plan line
+    raw = yaml.safe_load(preset.read_text())
+    if not raw["data"]["path"].startswith(DEMO_SCHEME) and SPECS[raw["model"]["family"]].sizes:
+        # a GPU preset names its card (hardware.gpu_memory_gb), and its plan estimates the memory for it here
+        assert "memory: peak ~" in out.out and f" GB of {raw['hardware']['gpu_memory_gb']:g} GB: " in out.out
     assert not any(tmp_path.iterdir()), "a dry run creates nothing"
 
 

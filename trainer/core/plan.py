@@ -16,6 +16,7 @@ from trainer.core.config.validate import parse_devices
 from trainer.errors import ConfigError
 from trainer.families import spec_of
 from trainer.core.hardware import Hardware
+from trainer.core.memory_plan import plan_memory
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,8 @@ class Plan:
     # model.block_swap resolved: how many of the transformer's last blocks keep their frozen weights in CPU memory
     # (trainer.families.components.block_swap).
     block_swap: int = 0
+    # The memory part's line (trainer.core.memory): the step's estimated peak per GPU; empty without an estimate.
+    memory: str = ""
     # Where the multi-node settings came from when a scheduler gave them (trainer.core.slurm), for the plan line.
     cluster: str = ""
 
@@ -224,14 +227,63 @@ def _deepspeed_problems(config: Config, precision: str) -> list[str]:
 
 def make_plan(config: Config, hw: Hardware, parameters: int | None = None) -> Plan:
     """The plan for `config` on `hw`; raises ConfigError listing everything that cannot work here.
-    `parameters`: the size of the network a full fine-tune trains (trainer.core.model_size), for the FSDP choice."""
+    `parameters`: the size of the network a full fine-tune trains (trainer.core.model_size), for the FSDP choice.
+    Each part below decides one thing and reads alone; the problems of all of them are reported together."""
     problems: list[str] = []
     notes: list[str] = []
+    device, gpu_ids, processes = _devices(config, hw, problems)
+    nodes = config.distributed.nodes
+    world = processes * nodes
+    precision = _precision(config, hw, device, problems)
+    attention = _attention(config, hw, device, notes, problems)
+    fp8, fp8_notes, fp8_problems = fp8_compute(config, hw, device, gpu_ids)
+    notes += fp8_notes
+    problems += fp8_problems
+    _optimizer(config, hw, device, notes, problems)
+    per_device, auto_batch = _micro_batch(config, world, problems)
+    sharding, sharding_notes = choose_sharding(config, hw, device, world, parameters)
+    notes += sharding_notes
+    problems += _sharding_problems(config, sharding, precision, device)
+    memory, block_swap = plan_memory(config, hw, device, gpu_ids, precision, sharding, world, notes, problems)
+    if problems:
+        raise ConfigError(problems, "the plan")
+    probe_batch = auto_batch and device == "cuda" and sharding == "ddp"
+    if auto_batch:
+        notes.append("batch.per_device auto: " + (
+            "the workers try the real step at growing micro-batches before training and keep the largest that "
+            "fits" if probe_batch else "1 on the CPU" if device == "cpu" else
+            f"1 under {sharding} (the probe runs before the modules are sharded)"))
+    total, per_device, accumulation, batch_notes = resolve_batch(config.batch.total, per_device, world)
+    compiled_note = compile_note(config, per_device)
+    return Plan(
+        device=device,
+        gpu_ids=gpu_ids,
+        nodes=nodes,
+        processes_per_node=processes,
+        per_device=per_device,
+        accumulation=accumulation,
+        total=total,
+        precision=precision,
+        attention=attention,
+        steps=config.train.steps,
+        notes=tuple(notes + batch_notes + ([compiled_note] if compiled_note else [])),
+        sharding=sharding,
+        zero_stage=config.distributed.zero_stage if sharding == "deepspeed" else 0,
+        probe_batch=probe_batch,
+        data_workers=resolve_data_workers(config.data.workers, device, hw.cpu_count, processes),
+        fp8_compute=fp8,
+        block_swap=block_swap,
+        memory=memory.line() if memory else "",
+        channels_last=channels_last(config, device),
+    )
+
+
+def _devices(config: Config, hw: Hardware, problems: list[str]) -> tuple[str, tuple[int, ...], int]:
+    """(device "cuda" | "cpu", the GPU ids, processes per node) for `devices`."""
     try:
         kind, value = parse_devices(config.devices)
     except ValueError as exc:
         raise ConfigError([str(exc)]) from None
-
     gpu_ids: tuple[int, ...] = ()
     if kind == "auto":
         kind, value = ("gpus", hw.gpu_count) if hw.gpu_count else ("cpu", 1)
@@ -249,59 +301,65 @@ def make_plan(config: Config, hw: Hardware, parameters: int | None = None) -> Pl
         if missing:
             problems.append(f"devices: GPU ids {missing} do not exist here (this machine has {hw.gpu_count} GPUs)")
         gpu_ids = tuple(value)
-    device = "cpu" if kind == "cpu" else "cuda"
     if kind == "cpu":
         assert isinstance(value, int)
-        processes = value
-    else:
-        processes = len(gpu_ids)
-    nodes = config.distributed.nodes
-    world = processes * nodes
+        return "cpu", gpu_ids, value
+    return "cuda", gpu_ids, len(gpu_ids)
 
+
+def _precision(config: Config, hw: Hardware, device: str, problems: list[str]) -> str:
     precision = config.precision
     if precision == "auto":
-        precision = ("bf16" if hw.bf16 else "fp16") if device == "cuda" else "fp32"
-    elif precision == "bf16" and device == "cuda" and not hw.bf16:
+        return ("bf16" if hw.bf16 else "fp16") if device == "cuda" else "fp32"
+    if precision == "bf16" and device == "cuda" and not hw.bf16:
         problems.append("precision: bf16 is not supported by these GPUs (it needs compute capability 8.0+); use fp16")
+    return precision
 
+
+def _attention(config: Config, hw: Hardware, device: str, notes: list[str], problems: list[str]) -> str:
     attention = config.attention
-    family = spec_of(config.model.family)
-    if attention != "sdpa" and not family.xformers:
+    if attention != "sdpa" and not spec_of(config.model.family).xformers:
         if attention == "xformers":
             notes.append(f"attention: {config.model.family} runs PyTorch SDPA (its flash and memory-efficient "
                          "kernels); xformers applies to the UNet families only")
-        attention = "sdpa"
-    elif attention == "auto":
-        attention = "xformers" if device == "cuda" and hw.xformers else "sdpa"
-    elif attention == "xformers" and not (device == "cuda" and hw.xformers):
+        return "sdpa"
+    if attention == "auto":
+        return "xformers" if device == "cuda" and hw.xformers else "sdpa"
+    if attention == "xformers" and not (device == "cuda" and hw.xformers):
         problems.append(
             "attention: xformers is not usable here (it needs CUDA and `pip install imagetune[xformers]` built "
             "for this torch); use attention=sdpa"
         )
-    fp8, fp8_notes, fp8_problems = fp8_compute(config, hw, device, gpu_ids)
-    notes += fp8_notes
-    problems += fp8_problems
+    return attention
+
+
+def _optimizer(config: Config, hw: Hardware, device: str, notes: list[str], problems: list[str]) -> None:
     if config.train.optimizer == "adamw8bit" and not (device == "cuda" and hw.bitsandbytes):
         problems.append(
             "train.optimizer: adamw8bit needs bitsandbytes on a CUDA GPU (`pip install imagetune[bnb]`); use adamw"
         )
-
     if config.train.optimizer == "prodigy" and config.train.lr < 0.1:
         notes.append(f"train.optimizer prodigy estimates its own step size; train.lr={config.train.lr:g} multiplies "
                      "it (1.0 is usual), so this run will barely move")
+
+
+def _micro_batch(config: Config, world: int, problems: list[str]) -> tuple[int, bool]:
+    """(batch.per_device as asked, or 1 for `auto`, whether it is `auto`)."""
     per_device = config.batch.per_device
     auto_batch = per_device == "auto"
     if auto_batch:
         per_device = 1  # what fits is found by the workers on the GPU (trainer.engine.batch_probe); 1 is always safe
     assert isinstance(per_device, int), "validate() accepts no text but auto"
-    total = config.batch.total
-    if total < world:
+    if config.batch.total < world:
         problems.append(
-            f"batch.total: {total} is smaller than the {world} processes of this plan; each process needs at "
-            f"least one sample per step: raise batch.total to {world} or more, or use fewer devices"
+            f"batch.total: {config.batch.total} is smaller than the {world} processes of this plan; each process "
+            f"needs at least one sample per step: raise batch.total to {world} or more, or use fewer devices"
         )
-    sharding, sharding_notes = choose_sharding(config, hw, device, world, parameters)
-    notes += sharding_notes
+    return per_device, auto_batch
+
+
+def _sharding_problems(config: Config, sharding: str, precision: str, device: str) -> list[str]:
+    problems = []
     if sharding == "fsdp":
         family_problem = spec_of(config.model.family).sharding_problem("fsdp")
         if family_problem:
@@ -321,38 +379,7 @@ def make_plan(config: Config, hw: Hardware, parameters: int | None = None) -> Pl
                      toolchain_problem(config, device)):
         if compiled:
             problems.append(compiled)
-    if problems:
-        raise ConfigError(problems, "the plan")
-    probe_batch = auto_batch and device == "cuda" and sharding == "ddp"
-    if auto_batch:
-        notes.append("batch.per_device auto: " + (
-            "the workers try the real step at growing micro-batches before training and keep the largest that "
-            "fits" if probe_batch else "1 on the CPU" if device == "cpu" else
-            f"1 under {sharding} (the probe runs before the modules are sharded)"))
-    if config.model.block_swap == "auto":
-        notes.append("model.block_swap: auto swaps no block yet (the memory plan that sizes it is to come)")
-    total, per_device, accumulation, batch_notes = resolve_batch(total, per_device, world)
-    compiled_note = compile_note(config, per_device)
-    return Plan(
-        device=device,
-        gpu_ids=gpu_ids,
-        nodes=nodes,
-        processes_per_node=processes,
-        per_device=per_device,
-        accumulation=accumulation,
-        total=total,
-        precision=precision,
-        attention=attention,
-        steps=config.train.steps,
-        notes=tuple(notes + batch_notes + ([compiled_note] if compiled_note else [])),
-        sharding=sharding,
-        zero_stage=config.distributed.zero_stage if sharding == "deepspeed" else 0,
-        probe_batch=probe_batch,
-        data_workers=resolve_data_workers(config.data.workers, device, hw.cpu_count, processes),
-        fp8_compute=fp8,
-        block_swap=config.model.block_swap if isinstance(config.model.block_swap, int) else 0,
-        channels_last=channels_last(config, device),
-    )
+    return problems
 
 
 def resolve_data_workers(workers: int | str, device: str, cpu_count: int, processes: int) -> int:

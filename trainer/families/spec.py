@@ -15,6 +15,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from trainer.core.memory import ModelSizes
+
 # Keys every family's checkpoints depend on: changing one on resume would load state into a different model,
 # optimizer or data order (or, for batch.total, silently change what a step means).
 COMMON_FROZEN_ON_RESUME = (
@@ -91,6 +93,16 @@ class FamilySpec:
     with `block_swap_note`."""
     block_swap_note: str = ""
     """Why block swap is refused for it, with what to do instead."""
+    sizes: ModelSizes | None = None
+    """Its base model's published sizes, for the plan's memory estimate (trainer.core.memory); None: no estimate."""
+    sizes_variants: dict[str, ModelSizes] = field(default_factory=dict)
+    """Sizes of named variants, matched in model.path as `published_variants` are."""
+
+    def sizes_for(self, model_path: str) -> ModelSizes | None:
+        for variant, sizes in self.sizes_variants.items():
+            if variant in model_path.lower():
+                return sizes
+        return self.sizes
     frozen_on_resume: tuple[str, ...] = ()
     """This family's keys that may not change on resume (besides COMMON_FROZEN_ON_RESUME), with why in a comment
     where they are declared."""

@@ -369,6 +369,17 @@ class CheckpointConfig:
 
 
 @dataclass
+class HardwareConfig:
+    gpu_memory_gb: float = key(
+        0.0,
+        "The GPU memory (GB as the card is sold, i.e. GiB: 24 for an RTX 4090) this preset is written for. The "
+        "plan estimates the step's peak memory per GPU (trainer/core/memory.py) against the smallest visible GPU, "
+        "or against this where none is visible (`--dry-run` on a laptop or in CI), and model.block_swap auto "
+        "sizes itself for it; 0: no estimate without a GPU.",
+    )
+
+
+@dataclass
 class DistributedConfig:
     nodes: int = key(1, "Machines in the run (multi-node through torchrun's static rendezvous: node 0 is rank 0).")
     node_rank: int = key(0, "This machine's index, 0 .. nodes-1 (node 0 writes the run folder).")
@@ -455,6 +466,7 @@ class Config:
     detection: DetectionConfig = field(default_factory=DetectionConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
 

@@ -1,5 +1,7 @@
 """Chroma, as the torch-free side sees it (trainer.families.spec). Its settings are the flow-matching section's."""
 
+from trainer.core.memory import flow_sizes
+from trainer.families.sizes import T5XXL, VAE
 from trainer.families.spec import FLOW_FROZEN_ON_RESUME, FLOW_PATH_KEYS, FLOW_SECTION_TITLE, FamilySpec
 
 CHROMA = FamilySpec(
@@ -9,6 +11,7 @@ CHROMA = FamilySpec(
     checks="trainer.families.chroma.checks:chroma_checks",
     bucket_multiple=16,  # the transformer packs 2x2 latent patches of the 8x VAE
     block_lists=("transformer_blocks", "single_transformer_blocks"),
+    sizes=flow_sizes(((19, 226_548_224), (38, 113_271_040)), 291_267_648, 3072, T5XXL, VAE),
     trained_component="transformer",
     path_keys=FLOW_PATH_KEYS,
     published_parameters=8.9e9,  # the model card's 8.9B (ChromaTransformer2DModel(): 8,899,983,424)

@@ -1,5 +1,7 @@
 """SD3/3.5 and FLUX.1: flow-matching transformers, as the torch-free side sees them (trainer.families.spec)."""
 
+from trainer.core.memory import flow_sizes
+from trainer.families.sizes import CLIP_G, CLIP_L, T5XXL, VAE
 from trainer.families.spec import FLOW_FROZEN_ON_RESUME, FLOW_PATH_KEYS, FLOW_SECTION_TITLE, FamilySpec
 
 SD3 = FamilySpec(
@@ -9,6 +11,9 @@ SD3 = FamilySpec(
     checks="trainer.families.flow.checks:flow_checks",
     bucket_multiple=16,  # the transformer packs 2x2 latent patches
     block_lists=("transformer_blocks",),
+    # SD3.5 medium (its 13 dual-attention blocks averaged in) and large, counted at their configs
+    sizes=flow_sizes(((24, 92_653_957),), 19_476_544, 1536, CLIP_L + CLIP_G + T5XXL, VAE),
+    sizes_variants={"large": flow_sizes(((38, 210_975_616),), 39_554_112, 2432, CLIP_L + CLIP_G + T5XXL, VAE)},
     trained_component="transformer",
     path_keys=FLOW_PATH_KEYS,
     published_parameters=2.03e9,  # SD3/3.5 medium MMDiT
@@ -30,6 +35,7 @@ FLUX = FamilySpec(
     checks="trainer.families.flow.checks:flow_checks",
     bucket_multiple=16,
     block_lists=("transformer_blocks", "single_transformer_blocks"),
+    sizes=flow_sizes(((19, 339_831_296), (38, 141_591_808)), 64_124_992, 3072, CLIP_L + T5XXL, VAE),
     trained_component="transformer",
     path_keys=FLOW_PATH_KEYS,
     published_parameters=11.9e9,  # FLUX.1 dev/schnell transformer

@@ -1,6 +1,8 @@
 """FLUX.2 [dev] and [klein], as the torch-free side sees them (trainer.families.spec): two families, one pipeline
 class each, sharing the hooks of trainer.families.flux2.family. Their settings are the flow-matching section's."""
 
+from trainer.core.memory import flow_sizes
+from trainer.families.sizes import FLUX2_VAE, MISTRAL_SMALL_31, QWEN3_4B, QWEN3_8B
 from trainer.families.spec import FLOW_FROZEN_ON_RESUME, FLOW_PATH_KEYS, FLOW_SECTION_TITLE, FamilySpec
 
 _EXPORTS = ("LoRA: output/pytorch_lora_weights.safetensors (diffusers) and a ComfyUI file (the diffusers "
@@ -14,6 +16,7 @@ FLUX2 = FamilySpec(
     checks="trainer.families.flux2.checks:flux2_checks",
     bucket_multiple=16,  # 2x2 patches of the 8x VAE (the pipeline rounds to vae_scale_factor * 2)
     block_lists=("transformer_blocks", "single_transformer_blocks"),
+    sizes=flow_sizes(((8, 981_467_648), (48, 490_733_824)), 816_316_416, 6144, MISTRAL_SMALL_31, FLUX2_VAE),
     trained_component="transformer",
     path_keys=FLOW_PATH_KEYS,
     published_parameters=32e9,  # the model card's 32B transformer (black-forest-labs/FLUX.2-dev)
@@ -33,6 +36,10 @@ FLUX2_KLEIN = FamilySpec(
     checks="trainer.families.flux2.checks:flux2_klein_checks",
     bucket_multiple=16,  # 2x2 patches of the 8x VAE (the pipeline rounds to vae_scale_factor * 2)
     block_lists=("transformer_blocks", "single_transformer_blocks"),
+    # klein 4B (3.89e9) and 9B (9.10e9) counted at the configs recalled from their model cards (5+20 blocks of width
+    # 3072, 8+24 of 4096): to check against the hub's transformer/config.json
+    sizes=flow_sizes(((5, 245_367_296), (20, 122_683_648)), 205_258_752, 3072, QWEN3_4B, FLUX2_VAE),
+    sizes_variants={"9b": flow_sizes(((8, 436_208_128), (24, 218_104_064)), 372_244_480, 4096, QWEN3_8B, FLUX2_VAE)},
     trained_component="transformer",
     path_keys=FLOW_PATH_KEYS,
     published_parameters=4e9,  # the model name's size (black-forest-labs/FLUX.2-klein-4B, -base-4B)

@@ -1,5 +1,7 @@
 """Qwen-Image, as the torch-free side sees it (trainer.families.spec). Its settings are the flow-matching section's."""
 
+from trainer.core.memory import flow_sizes
+from trainer.families.sizes import QWEN25_VL_7B, QWEN_VAE
 from trainer.families.spec import FLOW_FROZEN_ON_RESUME, FLOW_PATH_KEYS, FLOW_SECTION_TITLE, FamilySpec
 
 QWENIMAGE = FamilySpec(
@@ -9,6 +11,7 @@ QWENIMAGE = FamilySpec(
     checks="trainer.families.qwenimage.checks:qwenimage_checks",
     bucket_multiple=16,  # the transformer packs 2x2 latent patches of the 8x VAE
     block_lists=("transformer_blocks",),
+    sizes=flow_sizes(((60, 339_831_296),), 40_523_328, 3072, QWEN25_VL_7B, QWEN_VAE),
     trained_component="transformer",
     path_keys=FLOW_PATH_KEYS,
     published_parameters=20e9,  # the model card's 20B (QwenImageTransformer2DModel(): 20,430,401,088)

@@ -1,5 +1,7 @@
 """Stable Diffusion 1.x / 2.x, as the torch-free side sees it (trainer.families.spec)."""
 
+from trainer.core.memory import ModelSizes
+from trainer.families.sizes import CLIP_L, SD_VAE
 from trainer.families.spec import DIFFUSION_FROZEN_ON_RESUME, FamilySpec
 
 SPEC = FamilySpec(
@@ -8,6 +10,8 @@ SPEC = FamilySpec(
     implementation="trainer.families.sd.family:StableDiffusionFamily",
     checks="trainer.families.components.checks:diffusion_checks",
     block_swap_note="its UNet has no run of identical blocks to swap (its down and up blocks differ in width); a LoRA fits 12 GB with model.base_weights=fp8 and train.gradient_checkpointing",
+    # activations per 1024x1024 sample measured on an H200 (bench/README.md, SD 1.5 at 512 px scaled by pixels)
+    sizes=ModelSizes((), 859_520_964, CLIP_L, SD_VAE, (1.02, 4.34), 0.2e6, caches_text=False),
     trained_component="unet",
     channels_last=True,
     published_parameters=860e6,  # SD 1.x/2.x UNet

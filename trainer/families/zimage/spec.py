@@ -1,5 +1,7 @@
 """Z-Image, as the torch-free side sees it (trainer.families.spec). Its settings are the flow-matching section's."""
 
+from trainer.core.memory import flow_sizes
+from trainer.families.sizes import QWEN3_4B, VAE
 from trainer.families.spec import FLOW_FROZEN_ON_RESUME, FLOW_PATH_KEYS, FLOW_SECTION_TITLE, FamilySpec
 
 ZIMAGE = FamilySpec(
@@ -9,6 +11,7 @@ ZIMAGE = FamilySpec(
     checks="trainer.families.zimage.checks:zimage_checks",
     bucket_multiple=16,  # the transformer patchifies 2x2 latent patches of the 8x VAE (ZImagePipeline checks 16)
     block_lists=("noise_refiner", "context_refiner", "layers"),  # their forward order
+    sizes=flow_sizes(((2, 180_910_336), (2, 176_962_816), (30, 180_910_336)), 11_852_352, 3840, QWEN3_4B, VAE),
     trained_component="transformer",
     path_keys=FLOW_PATH_KEYS,
     published_parameters=6.15e9,  # the model card's 6B (ZImageTransformer2DModel(): 6,154,908,736)
