@@ -3,6 +3,8 @@ call (forward, and the recompute of gradient checkpointing that the backward use
 copies CPU to CPU, so a swapped run must train exactly as an unswapped one. In process on the tiny FLUX model; the
 launcher's 1 -> 2 process resume with swapped blocks is in tests/test_flux2.py."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -29,8 +31,25 @@ def _train(family, stream, steps=3):
 
 @pytest.mark.slow  # 4 s on 2 cores
 def test_swapped_blocks_train_exactly_as_resident_ones_and_are_copied_for_forward_and_recompute(
-        tmp_path, models, mixed_data):
+        tmp_path, models, mixed_data, monkeypatch):
+    import trainer.families.flow.trainer as flow_trainer
+    from trainer.families.components import base_weights, text_cache
+
+    order = []  # the text encoders meet the device only while the transformer is parked in CPU memory
+    real_parked, onload, offload = base_weights.parked, text_cache.onload, text_cache.offload
+
+    @contextlib.contextmanager
+    def parked(module, device, held=()):
+        order.append(("park", len(held)))
+        with real_parked(module, device, held):
+            yield
+        order.append("unpark")
+
+    monkeypatch.setattr(flow_trainer, "parked", parked)
+    monkeypatch.setattr(text_cache, "onload", lambda *a: (order.append("encoders in"), onload(*a)))
+    monkeypatch.setattr(text_cache, "offload", lambda *a: (order.append("encoders out"), offload(*a)))
     swapped, stream = make_family(tmp_path / "swap", "flux", models["flux"], mixed_data, *SWAP, "model.block_swap=2")
+    assert order == [("park", 2), "encoders in", "encoders out", "unpark"]
     resident, ref_stream = make_family(tmp_path / "ref", "flux", models["flux"], mixed_data, *SWAP)
     swap = swapped.flow.block_swap
     assert swap is not None and len(swap.stored) == 2

@@ -12,8 +12,9 @@ What is exact and what is estimated (the plan line says `~`):
   a sample with checkpointing, 33.2 without, from the batch 1 -> 2 difference), scaled by blocks x width for the
   other transformers and linearly by pixels and batch (SDPA's attention memory is linear in tokens); SD 1.5 and
   SDXL from their own measurements. An estimate, uncalibrated for the other families until a GPU measures them.
-- the load: while the text cache is built the text encoders sit on the GPU beside the (resident part of the)
-  denoiser; that is a peak of its own, reported when it is the larger one.
+- the load: while the text cache is built the text encoders are on the GPU, alone for the flow-matching families
+  under DDP (the denoiser waits in CPU memory), beside the denoiser otherwise; a peak of its own, reported when it
+  is the larger one.
 Besides, 1 GiB is kept free for the CUDA context and the allocator's fragmentation.
 """
 
@@ -105,9 +106,10 @@ class MemoryPlan:
 
 def estimate(sizes: ModelSizes, *, gpu_gib: float, method: str, precision: str, base_weights: str, swapped: int,
              checkpointing: bool, rank: int, optimizer_bytes: float, resolution: int, per_device: int,
-             text_cached: bool, shards: int = 1) -> MemoryPlan:
+             text_cached: bool, shards: int = 1, encode_alone: bool = False) -> MemoryPlan:
     """The peak of one GPU's step. `optimizer_bytes`: per trained parameter (trainer.core.model_size);
-    `shards`: the processes FSDP shards a full fine-tune across."""
+    `shards`: the processes FSDP shards a full fine-tune across; `encode_alone`: the text encoders fill their cache
+    while the denoiser waits in CPU memory."""
     act_bytes = BYTES["bf16"] if precision in ("bf16", "fp16") else BYTES["fp32"]
     if method == "full":
         base, weight_bytes = "fp32", BYTES["fp32"]
@@ -126,7 +128,9 @@ def estimate(sizes: ModelSizes, *, gpu_gib: float, method: str, precision: str, 
     parts.append(("VAE", vae))
     if not text_cached:
         parts.append(("text encoders", encoders))
-    load = parts[0][1] + vae + encoders if text_cached else 0.0
+    # The encoders fill the text cache with the denoiser parked in CPU memory (trainer.families.flow.trainer), but
+    # under FSDP / DeepSpeed, and with the UNet families, beside it
+    load = (0.0 if encode_alone else parts[0][1]) + vae + encoders if text_cached else 0.0
     return MemoryPlan(gpu_gib, tuple(parts), load, base, swapped, sizes.block_count, checkpointing)
 
 

@@ -49,7 +49,8 @@ def plan_memory(config: Config, hw: Hardware, device: str, gpu_ids: tuple[int, .
                         optimizer_bytes=OPTIMIZER_STATE_BYTES.get(config.train.optimizer, 8),
                         resolution=config.data.resolution, per_device=per_device,
                         text_cached=text_cached(config, sizes.caches_text),
-                        shards=world if sharding in ("fsdp", "deepspeed") else 1)
+                        shards=world if sharding in ("fsdp", "deepspeed") else 1,
+                        encode_alone=bool(sizes.blocks) and sharding == "ddp")
 
     if swap == "auto":
         chosen = fewest_swapped(lambda n: at(n).fits, sizes.block_count)
@@ -76,7 +77,7 @@ def _nothing_fits(config: Config, plan: MemoryPlan, at) -> str:
             if base != config.model.base_weights:
                 other = at(plan.blocks, base)
                 options.append(f"model.base_weights={base} (~{other.peak_gib:.1f} GB{' fits' if other.fits else ''})")
-    where = ("while the text cache is built (the text encoders on the GPU beside the resident weights)"
+    where = ("while the text cache is built (the text encoders on the GPU)"
              if plan.load_gib > plan.step_gib else "in the step")
     parts = ", ".join(f"{what} {gib:.1f}" for what, gib in plan.parts)
     return (f"model.block_swap: auto finds nothing that fits this {plan.gpu_gib:g} GB GPU: with all {plan.blocks} "

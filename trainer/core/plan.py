@@ -72,7 +72,7 @@ class Plan:
             f"{self._sharding_text()} · {where}"
         )
         if self.block_swap:
-            line += f" · {self.block_swap} blocks swapped"
+            line += f" · {self.block_swap} block{'s' if self.block_swap > 1 else ''} swapped"
         if self.buckets:
             from trainer.core.data.buckets import describe
 

@@ -24,7 +24,7 @@ from trainer.errors import UserError
 from trainer.families.components import flow_matching as fm
 from trainer.families.components import text_cache, trained_weights
 from trainer.families import spec_of
-from trainer.families.components.base_weights import frozen_dtype, place_frozen_network
+from trainer.families.components.base_weights import frozen_dtype, parked, place_frozen_network
 from trainer.families.components.block_swap import BlockSwap, ignored_by_ddp, last_blocks
 from trainer.families.components.captioned import torch_generator
 from trainer.families.components.captioned_latents import CaptionedLatents, Row
@@ -118,6 +118,8 @@ class FlowTransformerTrainer:
         self.evaluator: Evaluates | None = None
         self.adapter: Any = None  # flow.training_adapter's hooks, off while sampling
         self.block_swap: BlockSwap | None = None
+        self.swapped: list[torch.nn.Module] = []  # the blocks block_swap keeps in CPU memory
+        self.encode_alone = False  # the text encoders reach the GPU only to fill the text cache
 
     # ---- models -------------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -142,8 +144,13 @@ class FlowTransformerTrainer:
         swapped = last_blocks(self.transformer, spec_of(cfg.model.family).block_lists, plan.block_swap)
         place_frozen_network(self.transformer, cfg.model.base_weights, device, frozen_dtype(plan.precision, cfg.method),
                              fp8_compute=plan.fp8_compute, held=swapped)
+        # Encoders whose captions are cached meet the GPU only to encode them, while the denoiser waits in CPU
+        # memory (prepare_data): the load then peaks at the larger of the two, not their sum (trainer.core.memory)
+        self.swapped = swapped
+        self.encode_alone = text_cache.cache_text_embeddings(cfg, True) and plan.sharding == "ddp"
         for name, te in zip(model.text_encoder_names, self.text_encoders):
-            te.to(device, dtype=torch.float32 if plan.precision == "fp16" and name == model.t5_name else base_dtype)
+            te.to(device if not self.encode_alone else None,
+                  dtype=torch.float32 if plan.precision == "fp16" and name == model.t5_name else base_dtype)
         if cfg.method == "full":
             self.transformer.requires_grad_(True)  # fp32 (frozen_dtype); FSDP shards it when it does not fit
         else:
@@ -237,14 +244,21 @@ class FlowTransformerTrainer:
                "weights": weights_fingerprint(*self.text_encoders)}
         folder = ctx.cache_dir / "text" / text_cache.text_cache_key(key, captions)
 
-        def encode(batch: list[str]) -> dict[str, torch.Tensor]:
-            rows = [model.encode_caption(caption) for caption in batch]
-            return {k: torch.cat([row[k] for row in rows]) for k in rows[0]}
+        with contextlib.ExitStack() as encoding:
+            alone = [self.encode_alone]  # until the first captions to encode (a full disk cache needs none)
 
-        self.text_cache = text_cache.build_text_cache(folder, captions, encode, rank=ctx.rank,
-                                                      world_size=ctx.world_size,
-                                                      barrier=ctx.accelerator.wait_for_everyone, device=ctx.device)
-        text_cache.offload(*self.text_encoders)
+            def encode(batch: list[str]) -> dict[str, torch.Tensor]:
+                if alone[0]:
+                    alone[0] = False
+                    encoding.enter_context(parked(self.transformer, ctx.device, self.swapped))
+                    text_cache.onload(ctx.device, *self.text_encoders)
+                rows = [model.encode_caption(caption) for caption in batch]
+                return {k: torch.cat([row[k] for row in rows]) for k in rows[0]}
+
+            self.text_cache = text_cache.build_text_cache(folder, captions, encode, rank=ctx.rank,
+                                                          world_size=ctx.world_size,
+                                                          barrier=ctx.accelerator.wait_for_everyone, device=ctx.device)
+            text_cache.offload(*self.text_encoders)  # before the denoiser comes back
 
     @torch.no_grad()
     def _text(self, captions: list[str]) -> dict[str, torch.Tensor]:
