@@ -1,8 +1,8 @@
 """`model.base_weights`: a LoRA run keeps the frozen UNet / transformer in float8 (`fp8`, half of bf16's memory,
-upcast layer by layer for each forward) or in 4-bit NormalFloat (`nf4`, torchao's NF4Tensor, dequantized inside
-each matmul), and still learns; the adapter stays fp32. In process on the tiny offline SDXL and FLUX models (CPU;
-diffusers' layerwise casting and torchao's NF4 work the same there), and NF4 through the real launcher on 1 and 2
-processes."""
+upcast layer by layer for each forward), in 4-bit NormalFloat (`nf4`, torchao's NF4Tensor, dequantized inside
+each matmul) or in int8 (`int8`, torchao's weight-only int8), and still learns; the adapter stays fp32. In process
+on the tiny offline SDXL and FLUX models (CPU; diffusers' layerwise casting and torchao's NF4 and int8 work the same
+there), and NF4 through the real launcher on 1 and 2 processes."""
 
 import pytest
 import torch
@@ -90,6 +90,34 @@ def test_nf4_base_weights_store_every_linear_in_4_bits_and_the_lora_still_learns
     assert losses[0] == pytest.approx(ref_losses[0], rel=0.1) and losses[0] != ref_losses[0]
     [(prompt, [image])] = family.render_samples(step=4)  # the sampling pipeline runs on the 4-bit network too
     assert prompt == "a red circle" and image.size == (64, 64)
+
+
+@pytest.mark.slow
+def test_int8_base_weights_store_every_linear_in_8_bits_the_lora_learns_and_block_swap_is_exact(
+        tmp_path, models, mixed_data):
+    """torchao's weight-only int8 (a scale per output row) on every frozen Linear layer, on the CPU as on CUDA; with
+    model.block_swap the copied int8 blocks train exactly the same LoRA."""
+    from torchao.quantization import Int8Tensor
+
+    family, stream = make_family(tmp_path / "int8", "flux", models["flux"], mixed_data, "model.base_weights=int8")
+    network = _network(family)
+    lora_layers = {id(m) for name, m in network.named_modules() if "lora_" in name}
+    linear = [m for m in network.modules() if isinstance(m, torch.nn.Linear) and id(m) not in lora_layers]
+    base = [m.base_layer for m in network.modules() if hasattr(m, "base_layer")]
+    assert base and linear and all(isinstance(m.weight, Int8Tensor) for m in linear)  # adapted layers included
+    assert all(m.weight.qdata.dtype == torch.int8 for m in linear)
+    trained = [p for p in network.parameters() if p.requires_grad]
+    assert trained and all(type(p.data) is torch.Tensor and p.dtype == torch.float32 for p in trained)
+
+    losses = _losses(family, stream)
+    assert losses[-1] < losses[0], losses
+    reference, ref_stream = make_family(tmp_path / "default", "flux", models["flux"], mixed_data)
+    ref_losses = _losses(reference, ref_stream)
+    # the same draws through weights rounded to 8 bits per row: near the full-precision loss, not identical
+    assert losses[0] == pytest.approx(ref_losses[0], rel=0.01) and losses[0] != ref_losses[0]
+    swapped, swap_stream = make_family(tmp_path / "swap", "flux", models["flux"], mixed_data, "model.base_weights=int8",
+                                       "train.gradient_checkpointing=true", "model.block_swap=2")
+    assert _losses(swapped, swap_stream) == losses
 
 
 @pytest.mark.slow

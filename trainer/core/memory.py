@@ -4,7 +4,7 @@ that fit the smallest GPU.
 
 What is exact and what is estimated (the plan line says `~`):
 - weights: parameter counts (each family's `ModelSizes`, counted from diffusers' classes at the published configs)
-  x bytes per parameter of their dtype: exact for bf16 / fp16 / fp32 and fp8 (norms and embeddings kept in bf16
+  x bytes per parameter of their dtype: exact for bf16 / fp16 / fp32, fp8 and int8 (its per-row scales left out) (norms and embeddings kept in bf16
   are left out: under 1%); nf4 at 0.52 bytes, FLUX.1's measured 5.7 GiB for 11.9e9 (bench/README.md).
 - LoRA: its parameters (per unit of rank on the default layers, FLUX.1's 65.4e6 at rank 16 scaled by the model's
   blocks x width) x (fp32 weight + gradient + optimizer state).
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 GIB = 2**30
 RESERVE_GIB = 1.0  # the CUDA context (~0.5 GiB) and the caching allocator's fragmentation, never counted above
-BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "nf4": 0.52}
+BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "nf4": 0.52}
 
 
 @dataclass(frozen=True)

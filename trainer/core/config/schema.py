@@ -54,9 +54,11 @@ class ModelConfig:
         "backward pass and nothing is saved; on GPUs with fp8 tensor cores model.fp8_compute multiplies in fp8 "
         "instead, which saves time too); or `nf4` (4-bit NormalFloat, QLoRA's format, through torchao: about "
         "a quarter of bf16's memory for the Linear layers, FLUX's transformer near 7 GB; dequantized inside each "
-        "matmul, slower than fp8; `pip install 'imagetune[nf4]'`). Both round the frozen weights a little; the "
-        "LoRA itself always trains in fp32.",
-        choices=("default", "fp8", "nf4"),
+        "matmul, slower than fp8; `pip install 'imagetune[nf4]'`); or `int8` (torchao's weight-only int8, a scale "
+        "per output row: as small as fp8, rounded to a finer grid per row, dequantized inside each matmul; needs no "
+        "checkpointing; the same torchao extra). Each rounds the frozen weights a little; the LoRA itself always "
+        "trains in fp32.",
+        choices=("default", "fp8", "nf4", "int8"),
     )
     fp8_compute: str = key(
         "off",

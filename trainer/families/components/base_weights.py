@@ -28,6 +28,8 @@ def place_frozen_network(module: ModelMixin, base_weights: str, device: torch.de
       layerwise casting; norms and embeddings stay as they are). With `fp8_compute` (the plan's, from
       `model.fp8_compute`), the Linear layers that can (trainer.families.components.fp8_linear) instead keep a
       scaled e4m3 weight and multiply in fp8; the rest is stored as without it.
+    - `int8`: the Linear weights in int8 with a scale per output row (torchao's weight-only int8), dequantized
+      inside each matmul; kernels on CUDA and the CPU.
     - `nf4`: the Linear weights in 4-bit NormalFloat (QLoRA's format) as torchao's `NF4Tensor`, dequantized inside
       each matmul; the backward keeps the 4-bit weight, not a dequantized copy.
 
@@ -60,6 +62,8 @@ def place_frozen_network(module: ModelMixin, base_weights: str, device: torch.de
                 layer.compute_dtype = dtype
     elif base_weights == "nf4":
         store_linear_weights_nf4(module, device, held)
+    elif base_weights == "int8":
+        store_linear_weights_int8(module, device, held)
     else:
         raise ValueError(f"unknown model.base_weights {base_weights!r}")
     _to_device(module, device, held)  # what was not quantized; stored weights keep their storage dtype
@@ -138,6 +142,26 @@ def store_linear_weights_nf4(module: torch.nn.Module, device: torch.device,
         layer.weight = torch.nn.Parameter(quantized, requires_grad=False)
         stored += 1
     return stored
+
+
+def store_linear_weights_int8(module: torch.nn.Module, device: torch.device,
+                              held: Sequence[torch.nn.Module] = ()) -> int:
+    """Replace every frozen Linear weight of `module` by torchao's int8 weight-only tensor (a scale per output row),
+    quantized on `device` one layer at a time (those inside `held` in CPU memory); returns how many. Matmuls
+    dequantize in the plan's precision, on CUDA and the CPU alike; peft puts its LoRA beside it (TorchaoLoraLinear)."""
+    try:
+        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+    except ImportError as err:  # missing, or built for another torch
+        raise UserError("model.base_weights: int8 needs torchao (PyTorch's quantization library), which could not "
+                        f"be imported here ({err}). Install it with `pip install 'imagetune[nf4]'` (a torchao "
+                        "release made for your torch version), or set model.base_weights=fp8 or default.") from None
+    stay = {id(m) for block in held for m in block.modules()}
+    layers = [layer for layer in module.modules() if isinstance(layer, torch.nn.Linear)
+              and layer.weight is not None and not layer.weight.requires_grad and layer.weight.is_floating_point()]
+    for layer in layers:
+        layer.to(torch.device("cpu") if id(layer) in stay else device)
+        quantize_(layer, Int8WeightOnlyConfig())
+    return len(layers)
 
 
 def frozen_dtype(precision: str, method: str) -> torch.dtype:

@@ -68,8 +68,7 @@ class BlockSwap:
 
     def _copy(self, index: int) -> list[torch.Tensor]:
         self.copies += 1
-        # copy=True: on the CPU too, so that the compute never reads the store itself
-        return [param.detach().to(self.device, non_blocking=self.cuda, copy=True) for _, _, param in self.stored[index]]
+        return [_copied(param.detach(), self.device, self.cuda) for _, _, param in self.stored[index]]
 
     def _prefetch(self, index: int) -> None:
         if index in self.ready or not 0 <= index < len(self.stored):
@@ -116,6 +115,14 @@ class BlockSwap:
                     owner._parameters[attr] = param
 
         return swapped
+
+
+def _copied(tensor: torch.Tensor, device: torch.device, non_blocking: bool) -> torch.Tensor:
+    """`tensor` on `device`, a copy even on the same device (the CPU), so that the compute never reads the store;
+    a quantized subclass (NF4, int8) takes no `copy` argument and is copied only across devices."""
+    if type(tensor) is torch.Tensor:
+        return tensor.to(device, non_blocking=non_blocking, copy=True)
+    return tensor.to(device, non_blocking=non_blocking)
 
 
 def ignored_by_ddp(network: torch.nn.Module) -> None:
