@@ -6,6 +6,7 @@ against the Docker image in test_docker.py."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -72,6 +73,9 @@ def test_every_preset_passes_dry_run(preset, tmp_path, monkeypatch, capsys):
     if not raw["data"]["path"].startswith(DEMO_SCHEME) and SPECS[raw["model"]["family"]].sizes:
         # a GPU preset names its card (hardware.gpu_memory_gb), and its plan estimates the memory for it here
         assert "memory: peak ~" in out.out and f" GB of {raw['hardware']['gpu_memory_gb']:g} GB: " in out.out
+        # a header quoting the plan's estimate quotes today's
+        quoted = re.search(r"^# The plan's memory estimate \(.*?\): (peak ~.*?)\.$", preset.read_text(), re.M)
+        assert quoted is None or f"memory: {quoted.group(1)} (" in out.out, quoted
     assert not any(tmp_path.iterdir()), "a dry run creates nothing"
 
 
