@@ -296,6 +296,14 @@ class Workload:
             if p.requires_grad:
                 p.data = p.data.float()  # trained weights stay fp32, as in the engine
         self.lora_layers = sum(1 for name, _ in self.net.named_modules() if name.endswith(".lora_A"))
+        if self.spec.get("block_swap"):  # --block-swap N: the engine's model.block_swap, after LoRA as there
+            from trainer.families import spec_of
+            from trainer.families.components.block_swap import BlockSwap, last_blocks
+
+            blocks = last_blocks(self.net, spec_of(self.name).block_lists, self.spec["block_swap"])
+            self.block_swap = BlockSwap(blocks, torch.device(self.device))
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
         self.net.train()
         return [p for p in self.net.parameters() if p.requires_grad]
 
@@ -604,7 +612,8 @@ def measure(w: Workload, *, batch: int, cached: bool, checkpointing: bool, steps
 def plan(spec: dict, batches: list[int]) -> list[tuple[bool, bool, int]]:
     """(cached, gradient checkpointing, batch) in the order they run: cached first (the encoders are built only for
     the uncached ones), each row's batches ascending."""
-    return [(cached, gc_on, b) for cached in (True, False) for gc_on in (False, True) for b in batches]
+    checkpointing = (True,) if spec.get("block_swap") else (False, True)  # block swap needs it, as in the engine
+    return [(cached, gc_on, b) for cached in (True, False) for gc_on in checkpointing for b in batches]
 
 
 def row_label(r: dict) -> str:
@@ -740,6 +749,10 @@ def main(argv=None) -> int:
                         "fp8-compute: fp8 with model.fp8_compute on, the Linear layers multiplied by "
                         "torch._scaled_mm, needs compute capability 8.9+; nf4: torchao's NF4Tensor); one storage "
                         "per invocation, give each its own --out")
+    p.add_argument("--block-swap", type=int, default=0,
+                   help="model.block_swap: the last N transformer blocks' frozen weights in pinned CPU memory, copied "
+                        "in per call with a side-stream prefetch (FLUX only; with gradient checkpointing only); "
+                        "bench/block_swap.md")
     p.add_argument("--compile", action="store_true",
                    help="train.compile: the network's repeated blocks compiled in place (regional, static shapes) "
                         "before the measurements; each configuration's warm-up compiles its shapes")
@@ -787,6 +800,7 @@ def main(argv=None) -> int:
         spec = model_spec(name, dry)
         spec["base_weights"] = args.base_weights
         spec["compile"] = args.compile
+        spec["block_swap"] = args.block_swap if name == "flux" else 0
         batches = [int(b) for b in (batch_args[name] or ("1,2" if dry else ",".join(map(str, spec["batches"])))).split(",")]
         steps = args.steps or (1 if dry else spec["steps"])
         warmup = args.warmup if args.warmup is not None else (1 if dry else spec["warmup"])
@@ -799,7 +813,8 @@ def main(argv=None) -> int:
                               "text_encoder_configs": spec["text"], "text_tokens": spec["tokens"],
                               "lora_targets": spec["targets"], "image_px": spec["image_px"],
                               "latent_px": spec["latent_px"], "batches": batches, "steps": steps, "warmup": warmup,
-                              "base_weights": args.base_weights, "compile": args.compile}
+                              "base_weights": args.base_weights, "compile": args.compile,
+                              "block_swap": spec["block_swap"]}
         print(f"\n== {name}: {spec['label']}, {spec['image_px']} px, base weights {args.base_weights}; batches "
               f"{batches}; {warmup} warm-up + {steps} "
               f"timed steps per configuration; starts at {now - t_begin:.0f} s, share until "
