@@ -60,8 +60,10 @@ def plan_html(check: Check, hardware_text: str) -> str:
     hw = f'<div class="plan-hw">{html.escape(hardware_text)}</div>' if check.waiting_for_hardware else ""
     if check.plan is not None:
         notes = "".join(f"<li>{html.escape(n)}</li>" for n in check.plan.notes)
+        memory = (f'<div class="plan-line" id="plan-memory">memory: {html.escape(check.plan.memory)}</div>'
+                  if check.plan.memory else "")  # the estimate of trainer.core.memory
         return (f'<div class="plan ok"><div class="plan-label">Plan on this machine</div>'
-                f'<div class="plan-line" id="plan-text">{html.escape(check.plan.line())}</div>'
+                f'<div class="plan-line" id="plan-text">{html.escape(check.plan.line())}</div>{memory}'
                 f'{f"<ul class=plan-notes>{notes}</ul>" if notes else ""}{hw}</div>')
     if check.waiting_for_hardware:
         why = "Checking this machine's GPUs…"
