@@ -38,7 +38,8 @@ GROUPS = {
 SECTION_GROUP = {
     "model": "model", "data": "data", "method": "method", "lora": "method", "full": "method", "prior": "method",
     **{spec.section: "model" for spec in FAMILY_SPECS.values() if spec.section},  # a family's own section (flow, detection)
-    "seed": "training", "train": "training", "devices": "batch", "batch": "batch", "hardware": "batch", "precision": "precision",
+    "seed": "training", "train": "training", "devices": "batch", "batch": "batch", "hardware": "batch",
+    "precision": "precision",
     "attention": "precision", "sample": "sampling", "name": "output", "checkpoint": "output", "eval": "output",
     "logging": "output", "output": "output",  # TensorBoard / W&B, Hub upload
 }

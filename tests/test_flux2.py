@@ -6,8 +6,8 @@ Flux2Pipeline / Flux2KleinPipeline classes, a tiny Mistral3 / Qwen3, random weig
   velocity target is what the pipeline's scheduler steps along at its empirical mu;
 - samples keep the pipeline's `is_distilled` (a step-distilled klein samples without CFG);
 - through the real launcher (klein; dev's LoRA round trip too): 1 process and 2 processes give the same weights, a
-  stopped-then-resumed run with swapped blocks (model.block_swap) the weights of an uninterrupted one without, and the LoRA file loads back through the
-  pipeline's load_lora_weights with exactly the trained weights;
+  stopped-then-resumed run with swapped blocks (model.block_swap) the weights of an uninterrupted one without, and
+  the LoRA file loads back through the pipeline's load_lora_weights with exactly the trained weights;
 - every key of the ComfyUI file is one ComfyUI's Flux key map names, with the width it has there.
 """
 

@@ -40,7 +40,7 @@ def test_weights_are_parameter_counts_times_dtype_bytes():
 
 
 def test_activations_reproduce_the_flux_measurement_they_are_calibrated_on():
-    """bench/README.md (H200, FLUX.1-dev LoRA rank 16, 1024 px, caches on): 26,340 MB peak at batch 1 with
+    """bench/gpu_large.md (H200, FLUX.1-dev LoRA rank 16, 1024 px, caches on): 26,340 MB peak at batch 1 with
     checkpointing, 57,836 without; the estimate of the step (without the VAE, which that benchmark left out) lands
     within 3% of both."""
     for checkpointing, measured_mib in ((True, 26_340), (False, 57_836)):

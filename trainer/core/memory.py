@@ -4,12 +4,13 @@ that fit the smallest GPU.
 
 What is exact and what is estimated (the plan line says `~`):
 - weights: parameter counts (each family's `ModelSizes`, counted from diffusers' classes at the published configs)
-  x bytes per parameter of their dtype: exact for bf16 / fp16 / fp32, fp8 and int8 (its per-row scales left out) (norms and embeddings kept in bf16
-  are left out: under 1%); nf4 at 0.52 bytes, FLUX.1's measured 5.7 GiB for 11.9e9 (bench/README.md).
+  x bytes per parameter of their dtype: exact for bf16 / fp16 / fp32, fp8 and int8 (int8's per-row scales, and the
+  norms and embeddings fp8 keeps in bf16, left out: under 1%); nf4 at 0.52 bytes, FLUX.1's measured 5.7 GiB for
+  11.9e9 (bench/gpu_large.md).
 - LoRA: its parameters (per unit of rank on the default layers, FLUX.1's 65.4e6 at rank 16 scaled by the model's
   blocks x width) x (fp32 weight + gradient + optimizer state).
-- activations: calibrated on FLUX.1-dev LoRA at 1024 px on an H200 (bench/README.md, `bench/gpu_large.py`: 2.75 GiB
-  a sample with checkpointing, 33.2 without, from the batch 1 -> 2 difference), scaled by blocks x width for the
+- activations: calibrated on FLUX.1-dev LoRA at 1024 px on an H200 (bench/gpu_large.md: 2.75 GiB a sample with
+  checkpointing, 33.2 without, from the batch 1 -> 2 difference), scaled by blocks x width for the
   other transformers and linearly by pixels and batch (SDPA's attention memory is linear in tokens); SD 1.5 and
   SDXL from their own measurements. An estimate, uncalibrated for the other families until a GPU measures them.
 - the load: while the text cache is built the text encoders are on the GPU, alone for the flow-matching families
@@ -32,8 +33,8 @@ class ModelSizes:
     """What the memory plan knows of a family's model, as published counts."""
 
     blocks: tuple[tuple[int, int], ...]
-    """(count, parameters of one block) for each of the denoiser's block lists, in forward order (FamilySpec.block_lists);
-    empty for a UNet."""
+    """(count, parameters of one block) for each of the denoiser's block lists, in forward order
+    (FamilySpec.block_lists); empty for a UNet."""
     other: int
     """The denoiser's parameters outside those blocks (all of a UNet's)."""
     text_encoders: int

@@ -9,8 +9,10 @@ SPEC = FamilySpec(
     title="Stable Diffusion 1.x / 2.x",
     implementation="trainer.families.sd.family:StableDiffusionFamily",
     checks="trainer.families.components.checks:diffusion_checks",
-    block_swap_note="its UNet has no run of identical blocks to swap (its down and up blocks differ in width); a LoRA fits 12 GB with model.base_weights=fp8 and train.gradient_checkpointing",
-    # activations per 1024x1024 sample measured on an H200 (bench/README.md, SD 1.5 at 512 px scaled by pixels)
+    block_swap_note="its UNet has no run of identical blocks to swap (its down and up blocks differ in width); a "
+                    "LoRA fits 12 GB with model.base_weights=fp8 and train.gradient_checkpointing",
+    # activations per 1024x1024 sample measured on an H200 (bench/gpu_sd15.md, bench/gpu_large.md; SD 1.5's at
+    # 512 px scaled by pixels)
     sizes=ModelSizes((), 859_520_964, CLIP_L, SD_VAE, (1.02, 4.34), 0.2e6, caches_text=False),
     trained_component="unet",
     channels_last=True,

@@ -9,8 +9,10 @@ SPEC = FamilySpec(
     title="Stable Diffusion XL",
     implementation="trainer.families.sdxl.family:StableDiffusionXLFamily",
     checks="trainer.families.components.checks:diffusion_checks",
-    block_swap_note="its UNet has no run of identical blocks to swap (its down and up blocks differ in width); a LoRA fits 12 GB with model.base_weights=fp8 and train.gradient_checkpointing",
-    # activations per 1024x1024 sample measured on an H200 (bench/README.md, SD 1.5 at 512 px scaled by pixels)
+    block_swap_note="its UNet has no run of identical blocks to swap (its down and up blocks differ in width); a "
+                    "LoRA fits 12 GB with model.base_weights=fp8 and train.gradient_checkpointing",
+    # activations per 1024x1024 sample measured on an H200 (bench/gpu_sd15.md, bench/gpu_large.md; SD 1.5's at
+    # 512 px scaled by pixels)
     sizes=ModelSizes((), 2_567_463_684, CLIP_L + CLIP_G, SD_VAE, (0.67, 7.24), 23.2e6 / 16),
     trained_component="unet",
     channels_last=True,
