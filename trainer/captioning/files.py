@@ -24,7 +24,8 @@ def caption_path(image: Path, extension: str = CAPTION_EXTENSION) -> Path:
 
 
 def images_in(folder: Path) -> list[Path]:
-    """The folder's images, sub-folders included (not hidden ones), in a stable order."""
+    """The folder's images, sub-folders included (not hidden ones, nor links to folders: a caption is never
+    written outside the folder), in a stable order."""
     found = []
     for root, dirs, files in os.walk(folder):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
