@@ -140,13 +140,15 @@ def find_preset(name: str) -> str:
 
 
 def slurm_overrides(overrides: list[str]) -> tuple[list[str], str]:
-    """Inside `srun`: SLURM's nodes, node rank, master host and GPUs as overrides before the user's own (which
-    win), and the words for the plan line; outside, nothing (trainer.core.slurm)."""
+    """Inside `srun` or a Kubernetes indexed Job's pod: the cluster's nodes, node rank, master host and GPUs as
+    overrides before the user's own (which win), and the words for the plan line; elsewhere, nothing
+    (trainer.core.slurm, trainer.core.kubernetes)."""
     import os
 
+    from trainer.core.kubernetes import kubernetes_pod
     from trainer.core.slurm import slurm_step
 
-    step = slurm_step(os.environ)
+    step = slurm_step(os.environ) or kubernetes_pod(os.environ)
     if step is None:
         return list(overrides), ""
     return [*step.overrides(), *overrides], step.describe()
