@@ -10,6 +10,7 @@ started without a shell.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -95,7 +96,7 @@ class CaptionJob:
         """Stop the captioning: the captions written so far stay (each was written whole)."""
         with self._lock:
             if self._proc is not None and self._proc.poll() is None:
-                os.killpg(self._proc.pid, 15)
+                os.killpg(self._proc.pid, signal.SIGTERM)  # launch.py and its captioning process
 
     def running(self) -> bool:
         return self._reader is not None and self._reader.is_alive()
@@ -119,4 +120,4 @@ class CaptionJob:
         last = lines[-1] if lines else "no output"
         if code == 0:
             return f"Done: {last}"
-        return f"Stopped: {last}" if code < 0 else f"Failed (exit {code}): {last}"
+        return f"Stopped: {last}" if code < 0 or code == 130 else f"Failed (exit {code}): {last}"

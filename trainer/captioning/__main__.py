@@ -8,6 +8,7 @@ for a mistake the user can fix (an unloadable model), 1 when no image could be r
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from trainer.errors import UserError
@@ -24,6 +25,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _stop(signum, _frame) -> None:
+    raise KeyboardInterrupt  # unwinds like Ctrl-C: the caption being written is dropped whole, the model released
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -37,10 +42,14 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("stopped: the captions written so far are kept", flush=True)
+        return 130
     print(f"captioned {len(result.written)} image(s), kept {len(result.kept)} existing caption(s)"
           + (f", {len(result.failed)} unreadable" if result.failed else ""), flush=True)
     return 1 if result.failed and not result.written else 0
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _stop)  # the UI's Stop (set here, not in main: tests call main in process)
     sys.exit(main())
