@@ -24,9 +24,12 @@ def word_tokenizer(specials: list[str], **named):
     return tokenizer, vocab
 
 
-CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }} : {% for c in m['content'] %}{% if c['type'] == 'image' %}"
-                 "IMAGE {% else %}{{ c['text'] }} {% endif %}{% endfor %}{% endfor %}"
-                 "{% if add_generation_prompt %}assistant : {% endif %}")
+# Content as parts (Qwen-VL, llava-hf), or as a plain string with the image placed by the template in the user's
+# message (JoyCaption's template).
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }} : {% if m['content'] is string %}"
+                 "{% if m['role'] == 'user' %}IMAGE {% endif %}{{ m['content'] }} {% else %}"
+                 "{% for c in m['content'] %}{% if c['type'] == 'image' %}IMAGE {% else %}{{ c['text'] }} {% endif %}"
+                 "{% endfor %}{% endif %}{% endfor %}{% if add_generation_prompt %}assistant : {% endif %}")
 
 
 def build_llava(folder: Path) -> Path:

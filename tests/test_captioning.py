@@ -186,6 +186,9 @@ def test_every_kind_of_captioner_writes_captions_from_a_saved_model(tiny_caption
         for path in result.written:
             text = path.read_text(encoding="utf-8")
             assert text.startswith("sks, ") and len(text) > len("sks, \n"), (name, text)
+        if name == "joycaption":  # the registry's own entry: a system message, the instruction as plain text
+            joy = replace(CAPTIONERS["joycaption"], model=str(model), max_new_tokens=4)
+            assert len(caption_folder(folder, joy, load, overwrite=True, say=lines.append).written) == 3
         if name == "wd-tagger":  # every tag scores above 0.01; booru underscores become spaces
             from captioner_models import TAGS
 

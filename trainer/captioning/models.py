@@ -53,8 +53,13 @@ class Captioner:
         return self.processor.batch_decode(self._generate(inputs), skip_special_tokens=True)[0].strip()
 
     def _chat(self, image) -> str:
-        messages = [{"role": "system", "content": [{"type": "text", "text": self.spec.system}]}] if self.spec.system else []
-        messages.append({"role": "user", "content": [{"type": "image"}, {"type": "text", "text": self.spec.instruction}]})
+        def message(role: str, text: str, image: bool = False) -> dict:
+            if self.spec.content == "text":
+                return {"role": role, "content": text}
+            return {"role": role, "content": [*([{"type": "image"}] if image else []), {"type": "text", "text": text}]}
+
+        messages = [message("system", self.spec.system)] if self.spec.system else []
+        messages.append(message("user", self.spec.instruction, image=True))
         prompt = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         inputs = self.processor(text=[prompt], images=[image], return_tensors="pt")
         return self.processor.batch_decode(self._generate(inputs), skip_special_tokens=True)[0].strip()

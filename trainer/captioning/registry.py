@@ -38,6 +38,10 @@ class CaptionerSpec:
     """What the model is asked: a chat instruction, or Florence-2's task token; unused by a tagger."""
     system: str = ""
     """A chat system message, for models trained with one (JoyCaption)."""
+    content: str = "parts"
+    """How a chat message's content is given to the chat template: `parts` (an image part and a text part, as
+    transformers' Qwen-VL and llava-hf templates take) or `text` (a plain string; the template places the image
+    itself, as JoyCaption's does: its model card's usage)."""
     max_new_tokens: int = 256
     threshold: float = 0.35
     """tagger: the score above which a tag is kept."""
@@ -62,7 +66,7 @@ CAPTIONERS: dict[str, CaptionerSpec] = {spec.name: spec for spec in (
                   about="Qwen3-VL 8B (what ai-toolkit uses): natural-language captions, editable instruction"),
     CaptionerSpec("joycaption", "fancyfeast/llama-joycaption-beta-one-hf-llava", "chat",
                   "Write a long descriptive caption for this image in a formal tone.",
-                  system="You are a helpful image captioner.", max_new_tokens=512,
+                  system="You are a helpful image captioner.", content="text", max_new_tokens=512,
                   about="JoyCaption beta one (a LLaVA checkpoint): uncensored descriptive captions"),
     CaptionerSpec("wd-tagger", "SmilingWolf/wd-eva02-large-tagger-v3", "tagger",
                   about="WD EVA02 large tagger v3 (timm): booru tags for anime-style images, with a threshold"),
