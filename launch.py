@@ -67,6 +67,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     cap.add_argument("--overwrite", action="store_true", help="replace existing captions (default: keep them)")
     cap.add_argument("--instruction", help="what a chat captioner is asked (Florence-2: its task token)")
     cap.add_argument("--threshold", type=float, help="a tagger's score threshold (default 0.35)")
+    cap.add_argument("--caption-extension", default=".txt", help="the caption files' extension (data.caption_extension)")
     ui = p.add_argument_group("web UI")
     ui.add_argument("--host", default="127.0.0.1")
     ui.add_argument("--port", type=int, default=7860)
@@ -224,9 +225,10 @@ def caption_headless(args) -> int:
     if args.preset or args.resume or args.export or args.overrides or args.dry_run or args.queue:
         raise UserError("--caption runs alone: python launch.py --caption FOLDER [--captioner NAME_OR_PATH] "
                         "[--prefix 'sks, '] [--overwrite]; then train with --preset.")
-    plan_work(args.caption, args.overwrite)  # a wrong folder or captioner is refused before a model is fetched
+    plan_work(args.caption, args.overwrite, args.caption_extension)  # refused before a model is fetched
     resolve(args.captioner, args.instruction, args.threshold)
-    command = [sys.executable, "-m", "trainer.captioning", f"--prefix={args.prefix}"]
+    command = [sys.executable, "-m", "trainer.captioning", f"--prefix={args.prefix}",
+               f"--caption-extension={args.caption_extension}"]
     for flag, value in (("--captioner", args.captioner), ("--instruction", args.instruction),
                         ("--threshold", args.threshold)):
         if value is not None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.captions import folder_of
+from trainer.captioning.files import caption_extension
 from app.security import Workspace
 from trainer.captioning.registry import CAPTIONERS, HUB_ID
 from trainer.captioning.run import PROGRESS_PREFIX
@@ -50,11 +51,13 @@ class CaptionRequest:
     overwrite: bool = False
     instruction: str = ""
     threshold: float | None = None
+    extension: str = ".txt"
 
     def command(self, workspace: Workspace) -> list[str]:
         folder = folder_of(workspace, self.folder)
         command = [sys.executable, "-m", "launch", "--caption", str(folder),
-                   f"--captioner={captioner_arg(workspace, self.captioner)}", f"--prefix={self.prefix}"]
+                   f"--captioner={captioner_arg(workspace, self.captioner)}", f"--prefix={self.prefix}",
+                   f"--caption-extension={caption_extension(self.extension)}"]
         if self.instruction.strip():
             command.append(f"--instruction={self.instruction.strip()}")
         if self.threshold is not None:

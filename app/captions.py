@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.security import Workspace
-from trainer.captioning.files import caption_path, images_in, read_caption, write_caption
+from trainer.captioning.files import CAPTION_EXTENSION, caption_extension, caption_path, images_in, read_caption, write_caption
 from trainer.core.data.captions import split_tags
 from trainer.errors import UserError
 
@@ -34,20 +34,22 @@ def folder_of(workspace: Workspace, text: str) -> Path:
     return folder
 
 
-def captions_of(folder: Path) -> list[tuple[Path, str]]:
+def captions_of(folder: Path, extension: str = CAPTION_EXTENSION) -> list[tuple[Path, str]]:
     """(image, its caption: '' when it has none) for every image of the folder, sub-folders included."""
-    return [(image, read_caption(image)) for image in images_in(folder)]
+    return [(image, read_caption(image, extension)) for image in images_in(folder)]
 
 
-def save_caption(workspace: Workspace, folder_text: str, image_rel: str, text: str) -> Path:
+def save_caption(workspace: Workspace, folder_text: str, image_rel: str, text: str,
+                 extension: str = CAPTION_EXTENSION) -> Path:
     """Write one image's caption. `image_rel` (from the page) must name an image of the folder itself."""
+    extension = caption_extension(extension)
     folder = folder_of(workspace, folder_text)
     # Not resolved: an image that is a link to elsewhere gets its caption here, beside the link, as training reads
     # it; images_in does not enter linked folders, so every caption it allows is written inside the folder.
     image = Path(os.path.normpath(folder / image_rel))
     if image not in set(images_in(folder)):
         raise UserError(f"'{image_rel}' is not an image of {folder}; reload the captions.")
-    target = caption_path(image)
+    target = caption_path(image, extension)
     write_caption(target, text)
     return target
 
@@ -57,6 +59,7 @@ class Change:
     image: Path
     before: str
     after: str
+    extension: str = CAPTION_EXTENSION
 
 
 def changed(caption: str, operation: str, find: str, replacement: str) -> str:
@@ -74,14 +77,16 @@ def changed(caption: str, operation: str, find: str, replacement: str) -> str:
     raise UserError(f"Unknown operation {operation!r}: one of {', '.join(OPERATIONS)}.")
 
 
-def preview(folder: Path, operation: str, find: str, replacement: str = "") -> list[Change]:
+def preview(folder: Path, operation: str, find: str, replacement: str = "",
+            extension: str = CAPTION_EXTENSION) -> list[Change]:
+    extension = caption_extension(extension)
     if not find.strip() if operation != "Replace text" else not find:
         raise UserError("Type the text to find (or the tag to add or remove) first.")
     out = []
-    for image, caption in captions_of(folder):
+    for image, caption in captions_of(folder, extension):
         after = changed(caption, operation, find, replacement)
         if after != caption:
-            out.append(Change(image, caption, after))
+            out.append(Change(image, caption, after, extension))
     return out
 
 
@@ -89,9 +94,9 @@ def apply(changes: list[Change]) -> tuple[int, int]:
     """Write the previewed captions; (written, skipped because the caption changed since the preview)."""
     written = skipped = 0
     for change in changes:
-        if read_caption(change.image) != change.before:
+        if read_caption(change.image, change.extension) != change.before:
             skipped += 1
             continue
-        write_caption(caption_path(change.image), change.after)
+        write_caption(caption_path(change.image, change.extension), change.after)
         written += 1
     return written, skipped

@@ -61,4 +61,4 @@ def wire(ctx, t: DatasetTab) -> None:
 
     t.check.click(handler, inputs=inputs_of(t), outputs=outputs_of(t), api_name="check_dataset")
     t.path.submit(handler, inputs=inputs_of(t), outputs=outputs_of(t))
-    ui_captions.wire(ctx, t.captions, t.path)
+    ui_captions.wire(ctx, t.captions, t.path, t.caption_extension)

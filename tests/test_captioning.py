@@ -155,6 +155,9 @@ def test_launch_caption_of_a_missing_folder_is_one_error_exit_2(tmp_path, capsys
     assert err.startswith("error: --caption") and "no such folder" in err and "Traceback" not in err
     assert launch.main(["--prefix", "sks, "]) == 2
     assert "go with --caption FOLDER" in capsys.readouterr().err
+    folder = image_folder(tmp_path / "data")
+    assert launch.main(["--caption", str(folder), "--caption-extension", ".png"]) == 2  # never over the images
+    assert "Caption extension '.png'" in capsys.readouterr().err
 
 
 # Tiny real models, loaded back through from_pretrained / timm's local-dir

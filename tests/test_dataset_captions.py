@@ -86,7 +86,7 @@ def test_the_captioning_command_line_is_flags_with_values_attached(tmp_path):
     folder = dataset(tmp_path)
     command = CaptionRequest(str(folder), "wd-tagger", "-sks, ", True, "", 0.5).command(Workspace(tmp_path))
     assert command == [sys.executable, "-m", "launch", "--caption", str(folder), "--captioner=wd-tagger",
-                       "--prefix=-sks, ", "--threshold=0.5", "--overwrite"]
+                       "--prefix=-sks, ", "--caption-extension=.txt", "--threshold=0.5", "--overwrite"]
 
 
 @pytest.mark.slow
@@ -97,3 +97,15 @@ def test_a_captioning_that_fails_says_why_on_the_page(tmp_path):
     job.start(CaptionRequest(str(folder), str(tmp_path / "not-a-model")))
     assert job.wait(120) == 2
     assert job.status().startswith("Failed (exit 2): error: --captioner") and "no config.json" in job.status()
+
+
+def test_the_tabs_caption_extension_is_used_and_can_never_name_an_image(tmp_path):
+    folder = dataset(tmp_path)
+    (folder / "a.caption").write_text("from the other extension\n", encoding="utf-8")
+    assert dict((p.name, c) for p, c in C.captions_of(folder, ".caption"))["a.png"] == "from the other extension"
+    C.apply(C.preview(folder, "Add tag", "sks", extension=".caption"))
+    assert text(folder, "a.caption") == "from the other extension, sks\n" and text(folder, "a.txt") == "sks, a cat, grass\n"
+    for bad in (".png", ".JPG", "txt", "./x", ".a/b"):
+        with pytest.raises(UserError, match="Caption extension"):
+            C.save_caption(Workspace(tmp_path), str(folder), "a.png", "x", bad)
+    assert (folder / "a.png").stat().st_size > 0

@@ -22,6 +22,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--instruction")
     p.add_argument("--threshold", type=float)
+    p.add_argument("--caption-extension", default=".txt")
     return p.parse_args(argv)
 
 
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         from trainer.captioning.run import caption_folder
 
         spec = resolve(args.captioner, args.instruction, args.threshold)
-        result = caption_folder(args.folder, spec, load, args.prefix, args.overwrite,
+        result = caption_folder(args.folder, spec, load, args.prefix, args.overwrite, extension=args.caption_extension,
                                 say=lambda line: print(line, flush=True))  # the UI follows the lines as they come
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)

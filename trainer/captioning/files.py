@@ -9,6 +9,7 @@ temporary file renamed over the caption, so a crash or a stop never leaves half 
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,16 @@ from trainer.core.data.scan import IMAGE_EXTENSIONS
 from trainer.errors import UserError
 
 CAPTION_EXTENSION = ".txt"
+
+
+def caption_extension(text: str | None) -> str:
+    """A caption extension as given (data.caption_extension; `.txt` when empty), checked: a caption is never
+    written over an image or outside its own name (`.txt`, `.caption`)."""
+    extension = (text or "").strip() or CAPTION_EXTENSION
+    if not re.fullmatch(r"\.[A-Za-z0-9_-]{1,16}", extension) or extension.lower() in IMAGE_EXTENSIONS:
+        raise UserError(f"Caption extension {extension!r}: use a dot and letters, such as .txt or .caption (not an "
+                        "image's).")
+    return extension
 
 
 def caption_path(image: Path, extension: str = CAPTION_EXTENSION) -> Path:
@@ -49,6 +60,7 @@ class CaptionWork:
 
 
 def plan_work(folder: str | Path, overwrite: bool = False, extension: str = CAPTION_EXTENSION) -> CaptionWork:
+    extension = caption_extension(extension)
     root = Path(folder).expanduser()
     if not root.is_dir():
         raise UserError(f"--caption {folder}: no such folder. Give the folder of your training images (the one "
