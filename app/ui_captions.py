@@ -86,7 +86,7 @@ def wire(ctx, t: CaptionTools, folder: gr.Textbox, extension: gr.Textbox) -> Non
         try:  # the threshold only matters to a tagger; the others ignore it
             job.start(CaptionRequest(path, captioner, prefix or "", bool(overwrite), instruction or "",
                                      float(threshold) if threshold else None, ext or ".txt"))
-        except UserError as exc:
+        except (UserError, OSError) as exc:  # OSError: the process could not be started
             return f"**Not started:** {exc}"
         return "Starting: loading the captioner"
 
