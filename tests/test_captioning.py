@@ -165,8 +165,7 @@ def test_launch_caption_of_a_missing_folder_is_one_error_exit_2(tmp_path, capsys
 
 @pytest.fixture(scope="module")
 def tiny_captioners(tmp_path_factory):
-    sys.path.insert(0, str(Path(__file__).parent))
-    import captioner_models as cm
+    from tests import captioner_models as cm
 
     root = tmp_path_factory.mktemp("captioners")
     return {name: build(root / name) for name, build in (("florence2", cm.build_florence2),
@@ -193,7 +192,7 @@ def test_every_kind_of_captioner_writes_captions_from_a_saved_model(tiny_caption
             joy = replace(CAPTIONERS["joycaption"], model=str(model), max_new_tokens=4)
             assert len(caption_folder(folder, joy, load, overwrite=True, say=lines.append).written) == 3
         if name == "wd-tagger":  # every tag scores above 0.01; booru underscores become spaces
-            from captioner_models import TAGS
+            from tests.captioner_models import TAGS
 
             assert set(text[len("sks, "):].strip().split(", ")) == {t.replace("_", " ") for t in TAGS}
 
