@@ -27,8 +27,9 @@ ARG TORCHVISION_VERSION=0.29.1
 # memory-efficient kernels (the plan's `sdpa`). Set it only together with the torch it was built for (see above).
 ARG XFORMERS_VERSION=""
 # Extras of pyproject.toml to install (comma-separated), e.g. ui,nf4,bnb. The default serves the web UI and every
-# shipped preset (nf4: presets/flux-dev-lora-12gb.yaml's base weights); tests/test_docker.py holds it to that.
-ARG EXTRAS=ui,nf4
+# shipped preset (nf4: presets/flux-dev-lora-12gb.yaml's base weights) and the Dataset tab's every captioner (caption:
+# timm, for the WD tagger); tests/test_docker.py holds it to that.
+ARG EXTRAS=ui,nf4,caption
 
 ARG DEBIAN_FRONTEND=noninteractive
 ENV PYTHONUNBUFFERED=1 \

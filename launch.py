@@ -7,6 +7,8 @@
     python launch.py --resume RUN_DIR [KEY=VALUE ...]  continue a run from its newest checkpoint
     python launch.py --import-kohya FILE.json|FILE.toml [--out P.yaml]   a preset from a kohya_ss / sd-scripts config
     python launch.py --import-ai-toolkit JOB.yaml [--out P.yaml]         a preset from an ai-toolkit job
+    python launch.py --caption FOLDER [--captioner NAME_OR_PATH] [--prefix "sks, "] [--overwrite]
+                                                       write a caption file beside every image of FOLDER
     python launch.py --push-to-hub RUN_DIR [REPO_ID]   upload a done run's outputs and model card to the Hub
     python launch.py --export RUN [--step N]           write a checkpoint's outputs (LoRA, model) into the run folder
     python launch.py --preset PRESET [...] --queue     add a run to the queue (runs/.queue/), validated now
@@ -56,6 +58,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "output.push_to_hub); the token from HF_TOKEN")
     bring.add_argument("--out", metavar="P.yaml", help="where to write the imported preset (default: "
                        "<name>.imagetune.yaml in the current folder)")
+    cap = p.add_argument_group("auto-captioning")
+    cap.add_argument("--caption", metavar="FOLDER", help="caption the images of FOLDER (sub-folders included) with a "
+                     "vision-language model or a tagger: FOLDER/x.png -> FOLDER/x.txt")
+    cap.add_argument("--captioner", metavar="NAME_OR_PATH", help="florence2 (default), florence2-base, qwen2.5-vl, "
+                     "qwen3-vl, joycaption, wd-tagger, or any such model's folder or hub id owner/name")
+    cap.add_argument("--prefix", default="", help="written before every caption, e.g. a trigger word: 'sks, '")
+    cap.add_argument("--overwrite", action="store_true", help="replace existing captions (default: keep them)")
+    cap.add_argument("--instruction", help="what a chat captioner is asked (Florence-2: its task token)")
+    cap.add_argument("--threshold", type=float, help="a tagger's score threshold (default 0.35)")
+    cap.add_argument("--caption-extension", default=".txt", help="the caption files' extension (data.caption_extension)")
     ui = p.add_argument_group("web UI")
     ui.add_argument("--host", default="127.0.0.1")
     ui.add_argument("--port", type=int, default=7860)
@@ -88,6 +100,11 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError("--dry-run needs --preset: it shows what a preset would do without creating anything.")
         if args.import_kohya or args.import_ai_toolkit:
             return import_headless(args)
+        if args.caption:
+            return caption_headless(args)
+        if args.captioner or args.prefix or args.overwrite or args.instruction or args.threshold is not None:
+            raise UserError("--captioner, --prefix, --overwrite, --instruction and --threshold go with --caption "
+                            "FOLDER: python launch.py --caption FOLDER --captioner NAME --prefix 'sks, '.")
         if args.push_to_hub:
             return push_headless(args)
         if args.out:
@@ -124,13 +141,15 @@ def find_preset(name: str) -> str:
 
 
 def slurm_overrides(overrides: list[str]) -> tuple[list[str], str]:
-    """Inside `srun`: SLURM's nodes, node rank, master host and GPUs as overrides before the user's own (which
-    win), and the words for the plan line; outside, nothing (trainer.core.slurm)."""
+    """Inside `srun` or a Kubernetes indexed Job's pod: the cluster's nodes, node rank, master host and GPUs as
+    overrides before the user's own (which win), and the words for the plan line; elsewhere, nothing
+    (trainer.core.slurm, trainer.core.kubernetes)."""
     import os
 
+    from trainer.core.kubernetes import kubernetes_pod
     from trainer.core.slurm import slurm_step
 
-    step = slurm_step(os.environ)
+    step = slurm_step(os.environ) or kubernetes_pod(os.environ)
     if step is None:
         return list(overrides), ""
     return [*step.overrides(), *overrides], step.describe()
@@ -192,6 +211,31 @@ def import_headless(args) -> int:
     else:
         print(f"ready: python launch.py --preset {result.out} --dry-run")
     return 0
+
+
+def caption_headless(args) -> int:
+    """Caption files beside a folder's images. The folder and the captioner's name are checked here; the model
+    loads in a process of its own (python -m trainer.captioning), so torch stays out of this one, as for export."""
+    import os
+    import subprocess
+
+    from trainer.captioning.files import plan_work
+    from trainer.captioning.registry import resolve
+
+    if args.preset or args.resume or args.export or args.overrides or args.dry_run or args.queue:
+        raise UserError("--caption runs alone: python launch.py --caption FOLDER [--captioner NAME_OR_PATH] "
+                        "[--prefix 'sks, '] [--overwrite]; then train with --preset.")
+    plan_work(args.caption, args.overwrite, args.caption_extension)  # refused before a model is fetched
+    resolve(args.captioner, args.instruction, args.threshold)
+    command = [sys.executable, "-m", "trainer.captioning", f"--prefix={args.prefix}",
+               f"--caption-extension={args.caption_extension}"]
+    for flag, value in (("--captioner", args.captioner), ("--instruction", args.instruction),
+                        ("--threshold", args.threshold)):
+        if value is not None:
+            command.append(f"{flag}={value}")  # `=`: a prefix or instruction may start with a dash
+    command += (["--overwrite"] if args.overwrite else []) + ["--", args.caption]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    return subprocess.run(command, env=env).returncode
 
 
 def push_headless(args) -> int:

@@ -11,6 +11,7 @@ import gradio as gr
 from app import runs as R
 from app import ui_dataset, ui_export, ui_queue, ui_runs, ui_train
 from app.checks import check_values
+from app.caption_job import CaptionJob
 from app.exports import Exports
 from app.jobs import HardwareCache, Jobs
 from app.presets import Presets
@@ -34,6 +35,11 @@ class AppContext:
     blocks: gr.Blocks | None = field(default=None)
     login: bool = False  # the UI has a login: show a way out of it
     exports: Exports = field(default_factory=Exports)  # `launch.py --export` processes the Runs tab started
+    captions: CaptionJob | None = None  # the Dataset tab's `launch.py --caption` process (made with the workspace)
+
+    def __post_init__(self) -> None:
+        if self.captions is None:
+            self.captions = CaptionJob(self.workspace)
 
 
 def header_html(hardware_text: str) -> str:

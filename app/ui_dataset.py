@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
+from app import ui_captions
 from app.dataset_check import check_dataset
 
 
@@ -19,6 +20,7 @@ class DatasetTab:
     summary: gr.Markdown
     problems: gr.HTML
     gallery: gr.Gallery
+    captions: ui_captions.CaptionTools
 
 
 def build(ctx) -> DatasetTab:
@@ -36,7 +38,8 @@ def build(ctx) -> DatasetTab:
     summary = gr.Markdown("", elem_id="dataset-summary")
     gallery = gr.Gallery(label="Images and their captions", columns=6, height=520, object_fit="cover",
                          elem_id="dataset-gallery")
-    return DatasetTab(path, instance_prompt, caption_extension, resolution, check, summary, problems, gallery)
+    captions = ui_captions.build(ctx)
+    return DatasetTab(path, instance_prompt, caption_extension, resolution, check, summary, problems, gallery, captions)
 
 
 def run_check(ctx, path, prompt, extension, resolution):
@@ -58,3 +61,4 @@ def wire(ctx, t: DatasetTab) -> None:
 
     t.check.click(handler, inputs=inputs_of(t), outputs=outputs_of(t), api_name="check_dataset")
     t.path.submit(handler, inputs=inputs_of(t), outputs=outputs_of(t))
+    ui_captions.wire(ctx, t.captions, t.path, t.caption_extension)

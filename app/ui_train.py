@@ -12,6 +12,7 @@ import gradio as gr
 from app import forms
 from app.checks import Check, check_values
 from app.forms import FORM_KEYS, SPEC
+from app.imports import import_upload
 from app.presets import DEFAULT_PRESET
 from app.ui_form import FormWidgets, build_form
 from trainer.errors import UserError
@@ -43,6 +44,10 @@ class TrainTab:
     save: gr.Button
     save_msg: gr.HTML
     check_data: gr.Button
+    import_file: gr.File
+    import_name: gr.Textbox
+    import_button: gr.Button
+    import_msg: gr.HTML
 
 
 def user_edits(widget) -> tuple[list, list]:
@@ -107,8 +112,16 @@ def build(ctx) -> TrainTab:
                 save_name = gr.Textbox(label="Preset name", placeholder="my-dog-lora", elem_id="save-name")
                 save = gr.Button("Save preset", size="sm", elem_id="save-button")
                 save_msg = gr.HTML("")
+            with gr.Accordion("Import a kohya_ss / sd-scripts / ai-toolkit config", open=False,
+                              elem_id="import-accordion"):
+                import_file = gr.File(label="Config file (.json, .toml, .yaml)", file_types=[".json", ".toml", ".yaml"],
+                                      type="filepath", elem_id="import-file")
+                import_name = gr.Textbox(label="Preset name", placeholder="the file's name", elem_id="import-name")
+                import_button = gr.Button("Import as a preset", size="sm", elem_id="import-button")
+                import_msg = gr.HTML("", elem_id="import-message")
     return TrainTab(preset, description, form, yaml, yaml_msg, gr.State(values), gr.State({}), plan, problems,
-                    start, start_msg, save_name, save, save_msg, check_data)
+                    start, start_msg, save_name, save, save_msg, check_data, import_file, import_name, import_button,
+                    import_msg)
 
 
 def wire(ctx, t: TrainTab) -> None:
@@ -216,3 +229,13 @@ def wire(ctx, t: TrainTab) -> None:
                 f'<div class="msg-box ok">Saved as <b>{html.escape(preset_id.split("/", 1)[1])}</b> ({html.escape(str(where))}).</div>')
 
     t.save.click(on_save, inputs=[t.save_name, t.values], outputs=[t.preset, t.save_msg], **FORM_QUEUE)
+
+    def on_import(upload, name):
+        try:
+            report = import_upload(ctx.presets, ctx.workspace, upload, name)
+        except (UserError, OSError) as exc:
+            return gr.skip(), f'<div class="msg-box error">{html.escape(str(exc))}</div>'
+        return gr.update(choices=ctx.presets.choices()), report.html
+
+    t.import_button.click(on_import, inputs=[t.import_file, t.import_name], outputs=[t.preset, t.import_msg],
+                          **FORM_QUEUE)

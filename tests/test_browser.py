@@ -269,3 +269,36 @@ def test_a_detection_run_shows_map_per_class_ap_the_best_step_and_its_samples(pa
     assert "val image 0" in captions and "precision-recall" in captions
     page.locator("#run-eval").scroll_into_view_if_needed()
     shot(page, "08-detection-run", full_page=True)
+
+
+def test_captions_are_edited_inline_and_replaced_across_the_folder_after_a_preview(page, app, tmp_path):
+    from PIL import Image
+
+    folder = tmp_path / "captioned"
+    folder.mkdir()
+    for name, caption in (("a.png", "a cat on grass"), ("b.png", "a dog on grass"), ("c.png", "a bird")):
+        Image.new("RGB", (16, 16), (40, 160, 40)).save(folder / name)
+        (folder / name).with_suffix(".txt").write_text(caption + "\n", encoding="utf-8")
+    page.goto(app.url)
+    page.get_by_role("tab", name="Dataset check").click()
+    set_value(page, "dataset-path", str(folder))
+    page.click("#captions-load")
+    wait_text(page, "#captions-message", "3 images")
+    wait_for(page, "document.querySelectorAll('.caption-row img').length == 3", what="a thumbnail per caption")
+    assert input_of(page, "caption-edit-2").input_value() == "a bird"
+
+    set_value(page, "caption-edit-2", "a small bird on grass")  # saved when the box loses focus
+    wait_text(page, "#captions-message", "Saved c.png")
+    assert (folder / "c.txt").read_text(encoding="utf-8") == "a small bird on grass\n"
+
+    set_value(page, "captions-find", "grass")
+    set_value(page, "captions-replace", "snow")
+    page.click("#captions-preview")
+    wait_text(page, "#captions-changes", "3 captions will change")
+    assert (folder / "a.txt").read_text(encoding="utf-8") == "a cat on grass\n"  # nothing written before Apply
+    page.click("#captions-apply")
+    wait_text(page, "#captions-changes", "Changed 3 captions")
+    assert [(folder / f"{n}.txt").read_text(encoding="utf-8") for n in "abc"] == [
+        "a cat on snow\n", "a dog on snow\n", "a small bird on snow\n"]
+    wait_for(page, "document.querySelector('#caption-edit-0 textarea')?.value == 'a cat on snow'",
+             what="the editor shows the new captions")

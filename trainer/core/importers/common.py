@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainer.core.data.confine import escapes
 from trainer.core.data.scan import IMAGE_EXTENSIONS
 
 _REPEATS = re.compile(r"^(\d+)_(.+)$")
@@ -90,7 +91,7 @@ def square_resolution(value: Any, imported: Imported, key: str) -> int | None:
 
 def count_images(folder: Path) -> int | None:
     """Images one epoch sees in a folder, kohya `N_name` sub-folders counted N times; None if it is not there."""
-    if not folder.is_dir():
+    if not folder.is_dir() or escapes(folder):  # an exposed UI's import looks inside the workspace only
         return None
     total = 0
     for child in folder.iterdir():

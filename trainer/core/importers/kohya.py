@@ -14,6 +14,7 @@ from typing import Any, Callable
 from trainer.core.importers.common import Imported, integer, is_set, number
 from trainer.core.importers.kohya_data import read_data
 from trainer.core.importers.kohya_keys import IGNORED, WHY
+from trainer.core.data.confine import OUTSIDE, escapes
 from trainer.errors import UserError
 
 OPTIMIZERS = {"adamw": "adamw", "adamw8bit": "adamw8bit", "pagedadamw8bit": "adamw8bit", "sgdnesterov": "sgd",
@@ -98,6 +99,9 @@ def _dataset_config(args: dict, path: Path) -> dict | None:
     if not is_set(name):
         return None
     for candidate in (path.parent / name, Path(name)):  # sd-scripts reads it from the working folder
+        if candidate.is_file() and escapes(candidate):  # an exposed UI's import reads the workspace only
+            raise UserError(f"--import-kohya: dataset_config {name!r} {OUTSIDE}; copy it into the workspace and "
+                            "name it from there.")
         if candidate.is_file():
             try:
                 return _toml(candidate.read_text(encoding="utf-8"))
@@ -320,7 +324,7 @@ def _sample_prompts(value: Any, imported: Imported) -> None:
     if not is_set(value):
         return
     path = Path(str(value))
-    if path.suffix.lower() in (".txt", "") and path.is_file():
+    if path.suffix.lower() in (".txt", "") and path.is_file() and not escapes(path):
         prompts = [line.split(" --")[0].strip() for line in path.read_text(encoding="utf-8").splitlines()]
         prompts = [p for p in prompts if p and not p.startswith("#")]
         if prompts:
