@@ -1,0 +1,92 @@
+"""Paired (instruction-edit) datasets, `data.control_path`: each training image's control image is found by file
+name, gets exactly its target's resize, crop and flip, is cached like it, and a missing one is named before the run
+starts; families that take no control image refuse the key with the reason."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from PIL import Image, ImageDraw
+
+from tests.test_caption_augment import _context
+from tests.test_captioned_latents import _VAE
+from trainer.core.config import load_config
+from trainer.errors import ConfigError, UserError
+from trainer.families import spec_of
+
+
+@pytest.fixture
+def pairs(tmp_path):
+    """Three 80x64 targets (captioned) and their controls: the same pictures with the colour channels reversed, so
+    a control placed exactly as its target has the target's pixels in reverse channel order."""
+    data, controls = tmp_path / "data", tmp_path / "controls"
+    data.mkdir()
+    controls.mkdir()
+    for n in range(3):
+        img = Image.new("RGB", (80, 64), (235, 200, 20 * n))
+        ImageDraw.Draw(img).ellipse((8 * n, 8, 40 + 8 * n, 56), fill=(200, 40, 90))
+        img.save(data / f"img{n}.png")
+        (data / f"img{n}.txt").write_text("make the background blue")
+        r, g, b = img.split()
+        Image.merge("RGB", (b, g, r)).save(controls / f"img{n}.jpg" if n == 2 else controls / f"img{n}.png",
+                                           quality=100, subsampling=0)
+    return data, controls
+
+
+def _config(data, controls, *overrides):
+    return load_config(None, ["model.family=flux_kontext", "model.path=stand-in/model", f"data.path={data}",
+                              f"data.control_path={controls}", "data.resolution=32", "precision=fp32",
+                              "devices=cpu:1", "batch.total=2", *overrides], check_paths=False)
+
+
+def _data(tmp_path, config):
+    from trainer.families.components.captioned_latents import CaptionedLatents
+
+    data = CaptionedLatents(_context(tmp_path, config)[0], _VAE())
+    data.prepare()
+    return data
+
+
+def test_each_control_gets_its_targets_random_crop_and_flip(tmp_path, pairs):
+    data = _data(tmp_path, _config(*pairs, "data.center_crop=false", "data.flip=true"))
+    assert not data.use_cache and [p.rsplit("/", 1)[1] for p in data.control_paths["instance"]] == \
+        ["img0.png", "img1.png", "img2.jpg"]
+    crops = set()
+    for epoch in range(3):
+        for index in range(2):  # the PNG pairs: exact pixels
+            target, _ = data.latent_dist(index, epoch, index, "instance")
+            control = data.control_latent(index, epoch, index, "instance")
+            torch.testing.assert_close(control, target.flip(0))
+            crops.add(float(target.sum()))
+    assert len(crops) > 2, "the crops and flips differ between epochs"
+    jpeg = data.control_latent(2, 0, 2, "instance")  # a control of another format pairs by its stem
+    torch.testing.assert_close(jpeg, data.latent_dist(2, 0, 2, "instance")[0].flip(0), atol=0.02, rtol=0)
+
+
+def test_controls_are_cached_with_their_targets_flips_and_buckets(tmp_path, pairs):
+    data = _data(tmp_path, _config(*pairs, "data.flip=true", "data.bucketing=true", "data.bucket_step=16",
+                                   "data.val_split=0.34"))
+    assert data.use_cache and data.buckets is not None and set(data.control_latents) == {"instance", "val"}
+    for epoch in range(4):  # both sides of the flip, from the cache
+        for index in range(2):
+            target, _ = data.latent_dist(index, epoch, index, "instance")
+            torch.testing.assert_close(data.control_latent(index, epoch, index, "instance"), target.flip(0),
+                                       atol=0.02, rtol=0)
+    held_out, _ = data.latent_dist(0, 0, 0, "val")
+    torch.testing.assert_close(data.control_latent(0, 0, 0, "val"), held_out.flip(0), atol=0.02, rtol=0)
+
+
+def test_missing_controls_are_named_before_the_run_starts(tmp_path, pairs):
+    data, controls = pairs
+    (controls / "img1.png").unlink()
+    config = _config(data, controls)
+    with pytest.raises(UserError, match=r"data.control_path: 1 of 3 images have no usable control image in .*"
+                                        r"img1.png has none .*same file name"):
+        spec_of("flux_kontext").run_data_check(config)  # the launcher's data check
+
+
+def test_families_without_a_control_image_refuse_it_and_edit_families_require_it(tmp_path, pairs):
+    with pytest.raises(ConfigError, match="data.control_path: flux takes no control image"):
+        load_config(None, ["model.family=flux", "data.control_path=controls"], check_paths=False)
+    with pytest.raises(ConfigError, match="data.control_path: flux_kontext trains instruction edits"):
+        load_config(None, ["model.family=flux_kontext"], check_paths=False)
