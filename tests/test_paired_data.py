@@ -4,6 +4,8 @@ starts; families that take no control image refuse the key with the reason."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from PIL import Image, ImageDraw
@@ -90,3 +92,36 @@ def test_families_without_a_control_image_refuse_it_and_edit_families_require_it
         load_config(None, ["model.family=flux", "data.control_path=controls"], check_paths=False)
     with pytest.raises(ConfigError, match="data.control_path: flux_kontext trains instruction edits"):
         load_config(None, ["model.family=flux_kontext"], check_paths=False)
+
+
+def test_the_loss_conditions_each_row_on_its_own_images_control(tmp_path, pairs):
+    """FlowTransformerTrainer hands the family's forward, with each row, the control of that row's image, placed
+    as that row's target (here: the target's latent in reverse channel order), normalized as the targets."""
+    from trainer.families.flow.trainer import FlowTransformerTrainer
+
+    config = _config(*pairs, "data.flip=true", "data.cache_latents=false")
+    seen = {}
+
+    class Model:  # the FlowModel hooks _rows_loss calls, recording what forward is given
+        name = "stand-in"
+        pipeline_class = None
+
+        def normalize_latents(self, latents):
+            return 2 * latents
+
+        def shift(self, shape):
+            return 1.0
+
+        def forward(self, model, noisy, sigmas, text):
+            seen["control"] = text["control"]
+            return noisy
+
+    trainer = FlowTransformerTrainer(_context(tmp_path, config)[0], Model())
+    trainer.data = _data(tmp_path, config)
+    trainer._text = lambda captions: {}
+    trainer.transformer = SimpleNamespace(dtype=torch.float32)
+    rows = [(5, 3, 0, 0, "instance"), (6, 1, 2, 2, "instance")]  # (position, epoch, image, expanded, kind)
+    trainer._rows_loss(rows, 0, trainer.transformer)
+    for control, (_, epoch, image, expanded, _) in zip(seen["control"], rows):
+        target, _ = trainer.data.latent_dist(image, epoch, expanded, "instance")
+        torch.testing.assert_close(control, 2 * target.flip(0), atol=0.04, rtol=0)
