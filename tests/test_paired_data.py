@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image, ImageDraw
@@ -125,3 +126,21 @@ def test_the_loss_conditions_each_row_on_its_own_images_control(tmp_path, pairs)
     for control, (_, epoch, image, expanded, _) in zip(seen["control"], rows):
         target, _ = trainer.data.latent_dist(image, epoch, expanded, "instance")
         torch.testing.assert_close(control, 2 * target.flip(0), atol=0.04, rtol=0)
+
+
+def test_the_edit_demo_pairs_by_name_and_its_score_places_a_sample_between_control_and_target(tmp_path):
+    from trainer.families.components.edit_pairs import INSTRUCTION, edit_score, make_edit_pairs
+
+    targets = make_edit_pairs(tmp_path / "t", side="target", count=3, size=32)
+    controls = make_edit_pairs(tmp_path / "c", side="control", count=3, size=32)
+    assert sorted(p.name for p in controls.glob("*.png")) == sorted(p.name for p in targets.glob("*.png"))
+    assert (targets / "0001.txt").read_text().strip() == INSTRUCTION
+    for name in ("0000.png", "0001.png", "0002.png"):
+        target, control = (torch.from_numpy(np.asarray(Image.open(f / name).convert("L"), dtype=np.float32))
+                           for f in (targets, controls))
+        shape = (target - control).abs() < 8  # where they agree: the shape, the same on both sides
+        assert 0.05 < shape.float().mean() < 0.6
+        assert target[~shape].mean() < 40 and control[~shape].mean() > 150  # black behind it, light before
+    c, t = torch.randn(2, 4, 8, 8), torch.randn(2, 4, 8, 8)
+    assert edit_score(t, c, t) == pytest.approx(1) and edit_score(c, c, t) == pytest.approx(-1)
+    assert edit_score((c + t) / 2, c, t) == pytest.approx(0, abs=1e-6)
