@@ -7,7 +7,9 @@ control's, 1 at the target, -1 at the control. The tiny model's VAE is random, s
     python bench/edit_score.py                                   # the preset as shipped
     python bench/edit_score.py train.lr=1e-2 --pairs 8 --json out.json
 
-Prints (and with --json writes) the score at step 0 (the base) and at the end, with the run's first and last loss.
+Prints (and with --json writes) the score at step 0 (the base) and at the end, with the run's first and last loss,
+and the share of samples whose nearest target is their own (`own_target_nearest_*`, chance: 1 / pairs): whether the
+model reads its control image, not only the targets' look. `--run RUN` scores a finished demo run.
 """
 
 from __future__ import annotations
@@ -35,6 +37,15 @@ def sample_latents(pipe, controls: list, prompt: str, steps: int, size: int):
     return torch.cat(out)
 
 
+def own_nearest(samples, targets) -> float:
+    """The share of samples whose nearest target latent (of all the held-out pairs') is their own: above chance
+    (1 / pairs) only for a model that reads its control image, where the shape is."""
+    import torch
+
+    distances = torch.cdist(samples.flatten(1).double(), targets.flatten(1).double())
+    return float((distances.argmin(1) == torch.arange(len(samples))).double().mean().item())
+
+
 def encoded(pipe, images: list, size: int):
     """The images' latents as the pipeline encodes its input image (the distribution's mode, shifted, scaled)."""
     return pipe._encode_vae_image(pipe.image_processor.preprocess(images, size, size), None)
@@ -46,6 +57,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--pairs", type=int, default=6, help="held-out pairs scored")
     parser.add_argument("--steps", type=int, default=8, help="sampling steps per sample")
     parser.add_argument("--runs-dir", default=None, help="where the run goes (default: a temporary folder)")
+    parser.add_argument("--run", default=None, help="score this finished run of the demo instead of training one")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
 
@@ -61,12 +73,16 @@ def main(argv: list[str] | None = None) -> dict:
     from trainer.families.components.edit_pairs import INSTRUCTION, edit_score, make_edit_pairs
 
     torch.set_grad_enabled(False)
-    runs = Path(args.runs_dir or tempfile.mkdtemp(prefix="edit-score-"))
-    config = load_config(REPO / "presets" / "demo-flux-kontext.yaml", ["sample.every=0", *args.overrides])
-    run_dir, plan = prepare_run(config, runs, hw=CPU_ONLY)
-    final = start_run(run_dir, plan, config).wait(timeout=3600)
-    if final["type"] != "done":
-        raise SystemExit(f"the run ended {final['type']}: see {run_dir / 'train.log'}")
+    if args.run:
+        run_dir = Path(args.run)
+        config = load_config(run_dir / "config.yaml", [])
+    else:
+        runs = Path(args.runs_dir or tempfile.mkdtemp(prefix="edit-score-"))
+        config = load_config(REPO / "presets" / "demo-flux-kontext.yaml", ["sample.every=0", *args.overrides])
+        run_dir, plan = prepare_run(config, runs, hw=CPU_ONLY)
+        final = start_run(run_dir, plan, config).wait(timeout=3600)
+        if final["type"] != "done":
+            raise SystemExit(f"the run ended {final['type']}: see {run_dir / 'train.log'}")
     model = Path(yaml.safe_load((run_dir / "config.yaml").read_text())["model"]["path"])  # demo:// resolved
     held = Path(tempfile.mkdtemp(prefix="edit-pairs-"))
     size = config.data.resolution
@@ -77,10 +93,12 @@ def main(argv: list[str] | None = None) -> dict:
     pipe = FluxKontextPipeline.from_pretrained(model)
     pipe.set_progress_bar_config(disable=True)
     control, target = encoded(pipe, pairs["control"], size), encoded(pipe, pairs["target"], size)
-    scores = {"step_0": edit_score(sample_latents(pipe, pairs["control"], INSTRUCTION, args.steps, size), control,
-                                   target)}
+    base = sample_latents(pipe, pairs["control"], INSTRUCTION, args.steps, size)
+    scores = {"step_0": edit_score(base, control, target), "own_target_nearest_step_0": own_nearest(base, target)}
     pipe.load_lora_weights(run_dir / "output")
-    scores["end"] = edit_score(sample_latents(pipe, pairs["control"], INSTRUCTION, args.steps, size), control, target)
+    trained = sample_latents(pipe, pairs["control"], INSTRUCTION, args.steps, size)
+    scores["end"] = edit_score(trained, control, target)
+    scores["own_target_nearest_end"] = own_nearest(trained, target)
     losses = [e["loss"] for e in read_events(run_dir) if e["type"] == "progress"]
     result = {"steps": config.train.steps, "lr": config.train.lr, "pairs": args.pairs, "sampling_steps": args.steps,
               "edit_score": scores, "loss_first": losses[0], "loss_last": losses[-1], "run": str(run_dir)}
