@@ -95,7 +95,11 @@ def main(argv: list[str] | None = None) -> dict:
     control, target = encoded(pipe, pairs["control"], size), encoded(pipe, pairs["target"], size)
     base = sample_latents(pipe, pairs["control"], INSTRUCTION, args.steps, size)
     scores = {"step_0": edit_score(base, control, target), "own_target_nearest_step_0": own_nearest(base, target)}
-    pipe.load_lora_weights(run_dir / "output")
+    if config.method == "full":  # the fine-tuned model's diffusers folder
+        pipe = FluxKontextPipeline.from_pretrained(run_dir / "output" / "diffusers")
+        pipe.set_progress_bar_config(disable=True)
+    else:
+        pipe.load_lora_weights(run_dir / "output")
     trained = sample_latents(pipe, pairs["control"], INSTRUCTION, args.steps, size)
     scores["end"] = edit_score(trained, control, target)
     scores["own_target_nearest_end"] = own_nearest(trained, target)
