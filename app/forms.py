@@ -55,6 +55,7 @@ LABELS = {
     "sample.prompts": "Sample prompts (one per line)", "name": "Run name", "checkpoint.every": "Checkpoint every N steps",
     "data.val_split": "Validation split (held-out share)", "data.val_path": "Validation images folder",
     "data.masks": "Loss masks (alpha or a folder)",
+    "data.control_path": "Control images folder (edit pairs: the sources, same file names)",
     "data.datasets": "Several folders (YAML list; instead of the folder above)",
 }
 # Keys a newcomer rarely touches: the form tucks them into a closed "More ... settings" panel of their group.

@@ -180,6 +180,7 @@ ROWS: dict[str, Seen | Shown] = {
     "data.shuffle_tags": Seen("data.shuffle_tags=true", "data"),
     "data.keep_tokens": Shown("test_caption_augment.py::test_dropout_drops_the_stated_fraction_and_shuffling_keeps_the_leading_tags"),
     "data.masks": Seen("data.masks=alpha", "data"),
+    "data.control_path": Shown("test_paired_data.py::test_each_control_gets_its_targets_random_crop_and_flip"),
     "lora.rank": Seen("lora.rank=4", "peft"),
     "lora.alpha": Seen("lora.alpha=4", "peft"),
     "lora.dropout": Seen("lora.dropout=0.1", "peft"),

@@ -49,10 +49,12 @@ def _skip_without_cuda_packages(preset: Path) -> None:
                         "kernels run on CUDA GPUs only")
 
 
-def _demo_data(preset: Path) -> str:
-    """The data of the preset's family's demo: a real preset names the user's data, which is not here."""
+def _demo_data(preset: Path) -> list[str]:
+    """The data of the preset's family's demo (its images and, for an edit family, their control images): a real
+    preset names the user's data, which is not here."""
     family = yaml.safe_load(preset.read_text())["model"]["family"]
-    return yaml.safe_load((REPO / "presets" / SPECS[family].demo_preset).read_text())["data"]["path"]
+    data = yaml.safe_load((REPO / "presets" / SPECS[family].demo_preset).read_text())["data"]
+    return [f"data.{key}={data[key]}" for key in ("path", "control_path") if key in data]
 
 
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
@@ -65,7 +67,7 @@ def test_every_preset_passes_dry_run(preset, tmp_path, monkeypatch, capsys):
     # The same answer as the launcher's probe subprocess, without starting one per preset (torch is loaded here).
     monkeypatch.setattr(hardware, "probe_in_subprocess", probe)
     code = launch.main(["--preset", str(preset), "--dry-run", "--runs-dir", str(tmp_path / "runs"),
-                        f"data.path={_demo_data(preset)}"])
+                        *_demo_data(preset)])
     out = capsys.readouterr()
     assert code == 0, out.out + out.err
     assert " = batch " in out.out  # the plan line

@@ -13,13 +13,14 @@ from trainer.families.chroma.spec import CHROMA  # noqa: E402  (the registry, on
 from trainer.families.detection.spec import SPEC as DETECTION  # noqa: E402
 from trainer.families.flow.spec import FLUX, SD3  # noqa: E402
 from trainer.families.flux2.spec import FLUX2, FLUX2_KLEIN  # noqa: E402
+from trainer.families.flux_kontext.spec import FLUX_KONTEXT  # noqa: E402
 from trainer.families.qwenimage.spec import QWENIMAGE  # noqa: E402
 from trainer.families.sd.spec import SPEC as SD  # noqa: E402
 from trainer.families.sdxl.spec import SPEC as SDXL  # noqa: E402
 from trainer.families.zimage.spec import ZIMAGE  # noqa: E402
 
 SPECS: dict[str, FamilySpec] = {spec.name: spec for spec in (SD, SDXL, SD3, FLUX, FLUX2, FLUX2_KLEIN, CHROMA, ZIMAGE,
-                                                                QWENIMAGE, DETECTION)}
+                                                                QWENIMAGE, FLUX_KONTEXT, DETECTION)}
 
 
 def family_names() -> tuple[str, ...]:

@@ -114,6 +114,9 @@ class FamilySpec:
     """What output/ holds after a run, for the README and the UI."""
     demo_assets: dict[str, str] = field(default_factory=dict)
     """`demo://NAME` -> "module:function" building it once under a root folder and returning {name: path}."""
+    control_images: str = ""
+    """How the family reads `data.control_path` (paired instruction-edit training: the control image the model
+    edits), for the UI and the plan; empty: it takes no control image, and data.control_path is refused."""
     demo_preset: str = ""
     """The shipped preset (presets/) that trains this family offline on its demo assets, on the CPU, to `done`
     with samples and outputs that load; every family has one (tests/test_demo_presets.py runs them all)."""
@@ -124,6 +127,10 @@ class FamilySpec:
         if config.method not in self.methods:
             problems.append(f"method: {self.method_note or f'{self.name} trains ' + ' or '.join(self.methods)}"
                             f" (got {config.method})")
+        if config.data.control_path and not self.control_images:
+            problems.append(f"data.control_path: {self.name} takes no control image (its model generates from the "
+                            "caption alone); paired instruction-edit training is for the families that do "
+                            "(flux_kontext): set model.family to one of them, or leave data.control_path empty")
         if self.checks:
             problems += load_object(self.checks)(config, check_paths=check_paths)
         return problems
@@ -171,13 +178,16 @@ class FamilySpec:
 def check_captioned_images(config):
     """The diffusion families' data check: a folder of images with captions (trainer.core.data.scan), less the
     images held out for the validation loss (trainer.core.data.holdout), each with its loss mask when data.masks
-    names a folder (trainer.core.data.masks). Returns the training part of the scan (the launcher lists its
+    names a folder (trainer.core.data.masks), and its control image with data.control_path
+    (trainer.core.data.controls). Returns the training part of the scan (the launcher lists its
     aspect-ratio buckets and the held-out count in the plan)."""
     from trainer.core.data.holdout import training_scan
+    from trainer.core.data.controls import check_controls
     from trainer.core.data.masks import check_masks
 
     scan = training_scan(config, resolution=config.data.resolution)
     check_masks(config, scan)
+    check_controls(config, scan)
     return scan
 
 

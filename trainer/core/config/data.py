@@ -103,6 +103,16 @@ class DataConfig:
     keep_tokens: int = key(
         0, "With data.shuffle_tags: how many leading comma-separated tags stay in place (kohya's `keep_tokens`), "
         "e.g. 1 keeps a trigger tag first.")
+    control_path: str = key(
+        "",
+        "Paired (instruction-edit) training: a folder holding each training image's control (source) image, "
+        "matched by file stem (ai-toolkit's `control_path`, musubi-tuner's `control_directory`): the control of "
+        "`sub/cat.jpg` is `<folder>/sub/cat.<ext>` or `<folder>/cat.<ext>` (any image extension), every training "
+        "and held-out image needing one. The model learns to turn the control into the target as its caption "
+        "instructs. Each control gets its target's bucket, crop and flip, and its latents are cached like the "
+        "targets'; samples edit the control of the first training image. Only the families that take a control "
+        "image (flux_kontext); empty: no control images.",
+    )
     masks: str = key(
         "",
         "Masked loss (kohya's `masked_loss`): weight each image's loss by a mask, shrunk to the latent's size and "

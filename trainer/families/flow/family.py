@@ -57,6 +57,9 @@ class FlowFamily:
     def guidance_kwargs(self, guidance_scale: float) -> dict:
         return {"guidance_scale": guidance_scale}
 
+    def sample_image_kwargs(self, width: int, height: int) -> dict:
+        return {}  # text-to-image: the prompt is all a sample needs (the edit families add their control image)
+
     def comfy_adapter_name(self, path: str) -> str:
         # OneTrainer's names, which ComfyUI maps for SD3 and Flux (Chroma) through their diffusers-to-original tables
         return "lora_transformer_" + path.replace(".", "_")

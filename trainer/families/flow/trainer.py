@@ -74,7 +74,13 @@ class FlowModel(Protocol):
     def shift(self, latent_shape: tuple[int, ...]) -> float: ...
 
     def forward(self, model: Any, noisy: torch.Tensor, sigmas: torch.Tensor, text: dict) -> torch.Tensor:
-        """The transformer's velocity prediction, in the latents' (B, C, H, W) layout."""
+        """The transformer's velocity prediction, in the latents' (B, C, H, W) layout. `text`: the captions'
+        conditioning and, with data.control_path (the families whose spec takes control images), `control`: the
+        control images' latents (B, C, H, W), normalized as the targets'."""
+
+    def sample_image_kwargs(self, width: int, height: int) -> dict:
+        """The pipeline's arguments besides the prompt for a sample of (width, height): FlowFamily's default is
+        none; an edit family gives the control image it edits."""
 
     def sample_kwargs(self, negative_prompt: str) -> dict: ...
 
@@ -329,6 +335,10 @@ class FlowTransformerTrainer:
         sigmas = tensor_on(sigma_list, device, torch.float32)
         noisy, target = fm.noisy_and_target(x0, noise, sigmas, on_device(torch.stack(inputs), device))
         text = self._text([self.data.row_caption(row) for row in rows])
+        if self.data.control_paths is not None:  # paired training: the control images' latents condition too
+            controls = [on_device(self.data.control_latent(image_index, epoch, expanded_index, kind), device)
+                        for _, epoch, image_index, expanded_index, kind in rows]
+            text = {**text, "control": self.model.normalize_latents(torch.stack(controls))}
         pred = self.model.forward(transformer, noisy.to(self._input_dtype), sigmas, text)
         return fm.per_sample_loss(pred, target, sigmas, flow.weighting, objective=objective,
                                   mask=self.data.loss_masks(rows, (x0.shape[-2], x0.shape[-1])))
@@ -378,7 +388,8 @@ class FlowTransformerTrainer:
                 with torch.autocast(self.ctx.device.type, dtype=low or torch.float32, enabled=low is not None), \
                         (self.adapter.off() if self.adapter is not None else contextlib.nullcontext()):
                     out = pipe(height=height, width=width, num_inference_steps=steps, generator=gen,
-                               **model.guidance_kwargs(guidance_scale), **text)
+                               **model.guidance_kwargs(guidance_scale), **model.sample_image_kwargs(width, height),
+                               **text)
                 images.extend(out.images)
         finally:
             self.transformer.train()

@@ -1,0 +1,29 @@
+"""FLUX.1 Kontext, as the torch-free side sees it (trainer.families.spec). Its settings are the flow-matching
+section's; its paired data is data.control_path."""
+
+from trainer.families.spec import FLOW_FROZEN_ON_RESUME, FLOW_PATH_KEYS, FLOW_SECTION_TITLE, FamilySpec
+
+FLUX_KONTEXT = FamilySpec(
+    name="flux_kontext",
+    title="FLUX.1 Kontext (instruction edits)",
+    implementation="trainer.families.flux_kontext.family:FluxKontextFamily",
+    checks="trainer.families.flux_kontext.checks:flux_kontext_checks",
+    bucket_multiple=16,  # the transformer packs 2x2 latent patches of the 8x VAE
+    trained_component="transformer",
+    path_keys=FLOW_PATH_KEYS + ("data.control_path",),
+    published_parameters=11.9e9,  # FLUX.1-Kontext-dev's transformer is FLUX.1-dev's architecture
+    # The control images are half of every sample: other controls are another dataset.
+    frozen_on_resume=FLOW_FROZEN_ON_RESUME + ("data.control_path",),
+    control_images="the control image's latent tokens follow the target's in the image sequence (position ids "
+                   "with first coordinate 1); the loss is on the target's tokens",
+    exports=("LoRA: diffusers file (FluxKontextPipeline.load_lora_weights) and a kohya/ComfyUI file "
+             "(lora_unet_double_blocks_... keys, as for FLUX.1)",
+             "full: a diffusers folder and BFL's single-file layout"),
+    demo_preset="demo-flux-kontext.yaml",
+    demo_assets={"tiny-flux-kontext": "trainer.families.flux_kontext.demo:ensure_tiny_flux_kontext",
+                 "demo-edit": "trainer.families.components.edit_pairs:ensure_demo_edit",
+                 "demo-edit-control": "trainer.families.components.edit_pairs:ensure_demo_edit"},
+    section="flow",
+    section_title=FLOW_SECTION_TITLE,
+    xformers=False,  # diffusers' attention processors on SDPA; xformers is wired for the UNets
+)
