@@ -83,17 +83,22 @@ def stop_runs(runs_dir: Path, timeout: float = 60) -> None:
     """Leave no training processes behind: ask every unfinished run to stop, kill what does not."""
     from trainer.core.events import final_event, read_events
     from trainer.core.launcher import kill_run
-    from trainer.core.runfolder import request_stop
+    from trainer.core.runfolder import RunFolder, request_stop
 
     if not runs_dir.is_dir():
         return
+    # Only runs whose launcher still runs can end: a test's stand-in run (a folder and a sleeper's pid, ended by
+    # the test) never writes a final event, and waiting for one cost the whole timeout.
+    def alive(run: Path) -> bool:
+        return final_event(read_events(run)) is None and RunFolder(run).launcher_pid() is not None
+
     runs = [p for p in runs_dir.iterdir() if (p / "events.jsonl").exists()]
     for run in runs:
-        if final_event(read_events(run)) is None:
+        if alive(run):
             request_stop(run)
     deadline = time.monotonic() + timeout
     for run in runs:
-        while final_event(read_events(run)) is None and time.monotonic() < deadline:
+        while alive(run) and time.monotonic() < deadline:
             time.sleep(0.5)
         kill_run(run, grace_s=5)
 

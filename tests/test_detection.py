@@ -133,6 +133,7 @@ ARCHITECTURES = ["fcos_tiny", "fasterrcnn_mobilenet_v3_large_fpn", "ssdlite320_m
                  "retinanet_resnet50_fpn_v2", "fcos_resnet50_fpn", "fasterrcnn_resnet50_fpn_v2"]
 
 
+@pytest.mark.slow  # seven detectors trained, evaluated and reloaded in process: 2-6 s each on 2 cores
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_each_architecture_trains_evaluates_draws_saves_and_reloads(arch, shapes, tmp_path):
     from trainer.families.detection.predict import load_detector
@@ -196,6 +197,7 @@ def test_pretrained_weights_file_freezes_batchnorm_and_replaces_the_head(shapes,
         make_family(shapes, "fcos_tiny", tmp_path, f"detection.weights={tmp_path / 'coco-like.pth'}")
 
 
+@pytest.mark.slow  # trains and evaluates in process (~5 s)
 def test_evaluation_and_samples_are_fp32_under_a_bf16_plan(shapes, tmp_path, monkeypatch):
     """Training autocasts to bf16; predictions for mAP and samples must not: torchvision's box decoding under
     bf16 snaps coordinates to a 0.125-0.25 px grid at these sizes (and 2-4 px at 800 px)."""

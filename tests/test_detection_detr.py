@@ -103,6 +103,7 @@ def test_weights_load_through_from_pretrained_with_a_new_head(tmp_path):
         build_detector("rtdetr_v2_tiny", 3, weights=str(tmp_path / "dfine"))
 
 
+@pytest.mark.slow  # trains until it learns, in process: 4-6 s each on 2 cores
 @pytest.mark.parametrize("arch", sorted(TINY))
 def test_tiny_detr_learns_and_reloads_with_identical_predictions(arch, shapes, tmp_path):
     from trainer.families.detection.predict import load_detector

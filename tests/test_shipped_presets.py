@@ -1,5 +1,6 @@
 """Every shipped preset starts: each passes `launch.py --dry-run` once pointed at data (a user's first step), and
-each preset whose base is a `demo://` model trains a step to `done` through the real command line. A fresh
+each offline preset (`demo://` data) trains to `done` through the launcher: here a step through the real command
+line, or in the module that tests its family (TRAINED_ELSEWHERE). A fresh
 install (`.ci/run` makes a new virtual environment every run) therefore proves that pyproject.toml declares every
 package the presets need. The optional extras a preset's keys pull in are checked against pyproject here and
 against the Docker image in test_docker.py."""
@@ -33,11 +34,19 @@ except ModuleNotFoundError:  # Python 3.10
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = sorted((REPO / "presets").glob("*.yaml"))
 # The offline presets: their data (and a diffusion demo's base model) are `demo://` assets the registry builds; a
-# detection demo's model is a tiny architecture from random init.
-# (The family demos that test_demo_presets trains to done and reloads are not started a second time here.)
-TRAINED_THERE = {SPECS[family].demo_preset for family in DEMO_PIPELINES}
+# detection demo's model is a tiny architecture from random init. A preset that another module trains through the
+# launcher (the preset file as shipped, at most its model or data pointed at that module's tiny fixtures) is not
+# started a second time here: that run imports and runs everything this one would. Each start costs a worker's
+# imports and a tiny model's build (15-30 s on 2 cores), which is why the suite does it once per preset.
+TRAINED_IN_DEMO_PRESETS = {SPECS[family].demo_preset for family in DEMO_PIPELINES}  # with samples, LoRA loaded
+TRAINED_ELSEWHERE = {
+    "demo-chroma.yaml": "test_chroma.py", "demo-zimage.yaml": "test_zimage.py",
+    "demo-qwenimage.yaml": "test_qwenimage.py", "demo-flux2.yaml": "test_flux2.py",
+    "demo-flux2-klein.yaml": "test_flux2.py", "demo-flux-kontext.yaml": "test_flux_kontext.py",
+    "detection-demo.yaml": "test_detection.py", "detection-rtdetr-demo.yaml": "test_detection_detr.py",
+}
 DEMO_PRESETS = [p for p in PRESETS if yaml.safe_load(p.read_text())["data"]["path"].startswith(DEMO_SCHEME)
-                and p.name not in TRAINED_THERE]
+                and p.name not in {*TRAINED_ELSEWHERE, *TRAINED_IN_DEMO_PRESETS}]
 
 
 def _skip_without_cuda_packages(preset: Path) -> None:
@@ -88,6 +97,15 @@ def test_every_extra_the_keys_pull_in_is_declared_in_pyproject():
         assert extra.name in extras, f"pyproject.toml has no `{extra.name}` extra"
         names = {Requirement(r).name.lower().replace("-", "_") for r in extras[extra.name]}
         assert extra.module in names, f"the `{extra.name}` extra does not install `{extra.module}`"
+
+
+def test_the_presets_trained_elsewhere_are_trained_there():
+    """The modules named in TRAINED_ELSEWHERE still read their preset and launch a run of it (`launch(` of
+    tests/engine_helpers or tests/flow_family_runs, which wraps it)."""
+    for preset, module in TRAINED_ELSEWHERE.items():
+        text = (REPO / "tests" / module).read_text()
+        assert preset in text, f"{module} no longer trains {preset}: start it here again (TRAINED_ELSEWHERE)"
+        assert "launch(" in text or "flow_runs." in text, module
 
 
 @pytest.mark.slow
