@@ -1,6 +1,6 @@
 """Kubernetes (trainer.core.kubernetes, docker/k8s/imagetune-job.yaml): in an indexed Job's pod, the node rank,
 the node count and node 0's address come from the pod's variables, as the manifest sets them; they reach the plan
-line as SLURM's do (the two-launcher training on loopback is tests/test_slurm.py's: the overrides are the same)."""
+line as SLURM's do. Two pods' environments train on loopback in tests/test_slurm.py, beside SLURM's."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """SLURM (trainer.core.slurm): inside `srun`, the nodes, this node's rank, the master host and the GPUs come from
 SLURM's variables. Here two "nodes" are two launchers on 127.0.0.1 whose environments are what srun gives the
-tasks of a two-node step; they train to `done` with the weights of one process."""
+tasks of a two-node step (and, the same way, what a Kubernetes indexed Job gives two pods: trainer.core.kubernetes);
+they train to `done` with the weights of one process."""
 
 from __future__ import annotations
 
@@ -64,31 +65,57 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _pod_env(node: int) -> dict[str, str]:
+    """What pod `node` of docker/k8s/imagetune-job.yaml sees, with node 0's address made this machine's (the
+    manifest's DNS name of pod 0 resolves only inside the cluster)."""
+    from tests.test_kubernetes import pod_env
+
+    return {**pod_env(node), "IMAGETUNE_MASTER_ADDR": "127.0.0.1"}
+
+
+# Each scheduler's variables for the task on node N, and what the plan line says of that node.
+SCHEDULERS = {
+    "slurm": (_srun_env, "SLURM job 4242: node {node} of 2, master 127.0.0.1"),
+    "kubernetes": (_pod_env, "Kubernetes job imagetune-lora: node {node} of 2, master 127.0.0.1"),
+}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tiny_sd_path, demo_data_path):
+    """One process x 4 per device: the weights both nodes' processes must reach together."""
+    run_dir, final = launch(tmp_path_factory.mktemp("reference"), engine_config(
+        tiny_sd_path, demo_data_path, "devices=cpu:1", "batch.per_device=4", "name=reference"))
+    assert final["type"] == "done", log_of(run_dir)
+    return run_dir
+
+
 @pytest.mark.slow
-def test_two_slurm_nodes_on_loopback_train_the_weights_of_one_process(tmp_path, tiny_sd_path, demo_data_path):
-    reference, final = launch(tmp_path / "reference", engine_config(tiny_sd_path, demo_data_path, "devices=cpu:1",
-                                                                     "batch.per_device=4", "name=reference"))
-    assert final["type"] == "done", log_of(reference)
+@pytest.mark.parametrize("scheduler", sorted(SCHEDULERS))
+def test_two_nodes_on_loopback_train_the_weights_of_one_process(scheduler, reference, tmp_path, tiny_sd_path,
+                                                                demo_data_path):
+    """Two launchers on 127.0.0.1, each with the environment the scheduler gives one node's task (srun's
+    variables, or an indexed Job's pod as the example manifest declares it)."""
+    node_env, says = SCHEDULERS[scheduler]
     preset = tmp_path / "preset.yaml"
     preset.write_text(yaml.safe_dump({"model": {"path": str(tiny_sd_path)}, "data": {"path": str(demo_data_path)},
-                                      "name": "slurm"}))
-    # The preset says one node; SLURM's variables make it two. devices and the port are the command line's (the
-    # CPU stands in for each node's GPUs, and the port must be free on this machine).
+                                      "name": "cluster"}))
+    # The preset says one node; the scheduler's variables make it two. devices and the port are the command
+    # line's (the CPU stands in for each node's GPUs, and the port must be free on this machine).
     args = ["--preset", str(preset), *BASE, "devices=cpu:1", "batch.per_device=1",
             f"distributed.master_port={_free_port()}"]
     nodes = {}
     for node in (1, 0):  # node 1 first: the ranks must not depend on who starts first
-        env = {**os.environ, **_srun_env(node)}
+        env = {**os.environ, **node_env(node)}
         nodes[node] = subprocess.Popen([sys.executable, str(REPO / "launch.py"), *args,
                                         "--runs-dir", str(tmp_path / f"node{node}")], env=env, text=True,
                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     printed = {node: proc.communicate(timeout=500)[0] for node, proc in nodes.items()}
     for node, proc in nodes.items():
         assert proc.returncode == 0, printed[node][-3000:]
-        assert f"SLURM job 4242: node {node} of 2, master 127.0.0.1" in printed[node]  # on the plan line
+        assert says.format(node=node) in printed[node]  # on the plan line
         assert "plan: 2 nodes x 1 process" in printed[node]
-    node0 = tmp_path / "node0" / "slurm"
+    node0 = tmp_path / "node0" / "cluster"
     events = read_events(node0)
-    assert events[0]["world_size"] == 2 and events[0]["cluster"].startswith("SLURM job 4242")
+    assert events[0]["world_size"] == 2 and events[0]["cluster"].startswith(says.format(node=0)[:16])
     assert events[-1]["type"] == "done"
     assert_same_weights(final_weights(reference), final_weights(node0))
