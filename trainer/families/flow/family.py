@@ -57,6 +57,9 @@ class FlowFamily:
     def guidance_kwargs(self, guidance_scale: float) -> dict:
         return {"guidance_scale": guidance_scale}
 
+    def checkpointing_func(self, transformer: Any) -> Any:
+        return None  # diffusers' own: torch.utils.checkpoint of each block, non-reentrant
+
     def sample_image_kwargs(self, width: int, height: int) -> dict:
         return {}  # text-to-image: the prompt is all a sample needs (the edit families add their control image)
 

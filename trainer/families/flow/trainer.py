@@ -78,6 +78,10 @@ class FlowModel(Protocol):
         conditioning and, with data.control_path (the families whose spec takes control images), `control`: the
         control images' latents (B, C, H, W), normalized as the targets'."""
 
+    def checkpointing_func(self, transformer: torch.nn.Module) -> Any:
+        """The function diffusers' `enable_gradient_checkpointing` calls each block through, or None for its own
+        (FlowFamily's default); a family whose transformer drops an argument under checkpointing passes it here."""
+
     def sample_image_kwargs(self, width: int, height: int) -> dict:
         """The pipeline's arguments besides the prompt for a sample of (width, height): FlowFamily's default is
         none; an edit family gives the control image it edits."""
@@ -173,7 +177,7 @@ class FlowTransformerTrainer:
             self.block_swap = BlockSwap(swapped, device)
             ignored_by_ddp(self.transformer)
         if cfg.train.gradient_checkpointing:
-            self.transformer.enable_gradient_checkpointing()
+            self.transformer.enable_gradient_checkpointing(model.checkpointing_func(self.transformer))
         self.transformer.train()
         self.text_embeddings = {}
         self.text_cache = None
