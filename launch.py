@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+import trainer.families  # noqa: F401  (fills the family registry, trainer.core.registry)
 from trainer.errors import UserError
 
 REPO_ROOT = Path(__file__).resolve().parent

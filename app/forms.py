@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
+from trainer.core.config.fields import help_of
 from trainer.core.config.schema import Config, iter_keys
 from trainer.families import SPECS as FAMILY_SPECS
 from trainer.families import family_names
@@ -155,7 +156,7 @@ def build_specs() -> list[FieldSpec]:
         kind, optional = _kind(types[key], choices)
         section = key.split(".", 1)[0]
         group = "yaml" if is_yaml_only(key) else f.metadata.get("group") or SECTION_GROUP.get(section, "other")
-        help_text = " ".join(str(f.metadata.get("help", "")).replace("`", "").split())
+        help_text = " ".join(help_of(f).replace("`", "").split())
         specs.append(FieldSpec(key, kind, _label(key), help_text, choices, _default(f), group, optional))
     return specs
 

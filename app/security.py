@@ -23,7 +23,7 @@ from trainer.core.assets import demo_asset_name
 from trainer.core.config.validate import DEMO_SCHEME, hub_id_at
 from trainer.errors import UserError
 from trainer.families import SPECS
-from trainer.families.spec import load_object
+from trainer.core.family_spec import load_object
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 MIN_PASSWORD = 12

@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+import trainer.families  # noqa: F401  (fills the family registry, trainer.core.registry)
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MEMORY_FILE = "bench-memory-rank{rank}.json"
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+import trainer.families  # noqa: E402,F401  (fills the family registry, trainer.core.registry)
 
 # name -> (preset, overrides): Faster R-CNN is the demo preset with torchvision's smallest Faster R-CNN
 DETECTORS = {

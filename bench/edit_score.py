@@ -22,6 +22,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+import trainer.families  # noqa: E402,F401  (fills the family registry, trainer.core.registry)
 
 
 def sample_latents(pipe, controls: list, prompt: str, steps: int, size: int):

@@ -29,6 +29,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import trainer.families  # noqa: E402,F401  (fills the family registry, trainer.core.registry)
 
 STORAGES = {  # name: overrides
     "fp32": ["precision=fp32"],

@@ -14,6 +14,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # a fault switch left in the shell would crash or stop every run the suite launches (tests set it per launch)
 os.environ.pop("IMAGETUNE_FAULT", None)
 
+import trainer.families  # noqa: E402,F401  (the entry point of every test: fills the family registry)
+
 
 @pytest.fixture(scope="session")
 def demo_assets(tmp_path_factory):

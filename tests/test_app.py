@@ -30,6 +30,7 @@ from app.runs import (
 )
 from app.security import Workspace, auth_from_env, check_exposure, parse_auth
 from tests.browser_helpers import write_detection_run
+from trainer.core.config.fields import help_of
 from trainer.core.config.schema import iter_keys
 from trainer.errors import UserError
 from trainer.core.hardware import Hardware
@@ -55,7 +56,7 @@ def test_form_covers_every_key_of_the_main_groups_with_its_help_text():
     assert set(expected) <= set(forms.FORM_KEYS)
     for key in forms.FORM_KEYS:
         spec = forms.SPEC[key]
-        assert spec.help and spec.help == " ".join(schema[key].metadata["help"].replace("`", "").split())
+        assert spec.help and spec.help == " ".join(help_of(schema[key]).replace("`", "").split())
         assert spec.group in forms.GROUPS
     # Everything not in the form is still editable in the YAML, and nothing is in neither.
     assert set(forms.FORM_KEYS) | {k for k in schema if forms.is_yaml_only(k)} == set(schema)

@@ -4,6 +4,8 @@
   app/ and launch.py) never reaches torch or another heavy library, so the web UI's process stays light;
 - trainer.core imports nothing of the engine; the families import nothing of the engine; app/ never imports
   the engine or gradio-free code pulls in gradio;
+- trainer.core imports nothing of the families: it owns the FamilySpec contract and the registry
+  (trainer.core.registry), which the families fill;
 - no two modules import each other, directly or through others.
 
 No list of torch-free modules is kept by hand: the closure is computed, so a new module is checked as soon as a
@@ -116,6 +118,18 @@ def test_layers():
         if name.startswith("trainer"):
             problems += [f"{name} imports {t}" for t in GRAPH[name] if gradio(t)]
     assert not problems, "\n".join(problems)
+
+
+def test_core_never_imports_the_families():
+    # Dependency inversion: the families depend on core, never the reverse (core looks a family up in
+    # trainer.core.registry). GRAPH holds every import statement, those inside functions too.
+    def family(target: str) -> bool:
+        return target == "trainer.families" or target.startswith("trainer.families.")
+
+    problems = [f"{name} imports {t}" for name in MODULES if name.startswith("trainer.core")
+                for t in GRAPH[name] if family(t)]
+    assert not problems, ("trainer.core must not import trainer.families: read the family through "
+                          "trainer.core.registry, or move torch-free data into core:\n" + "\n".join(problems))
 
 
 def test_no_import_cycles():

@@ -129,7 +129,7 @@ def _images(folder, sizes):
 
 
 def test_the_plan_lists_the_buckets(tmp_path):
-    from trainer.families.spec import check_captioned_images
+    from trainer.core.family_spec import check_captioned_images
     from trainer.core.hardware import CPU_ONLY
     from trainer.core.plan import Plan, make_plan
 

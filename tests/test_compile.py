@@ -163,7 +163,7 @@ def test_what_cannot_compile_is_refused_with_the_reason():
 # ---- the plan's note -----------------------------------------------------------------------------------------
 def test_the_plan_lists_the_shapes_the_blocks_compile_for(tmp_path):
     from tests.test_buckets import _images
-    from trainer.families.spec import check_captioned_images
+    from trainer.core.family_spec import check_captioned_images
 
     def plan(*overrides):
         config = load_config(None, ["model.path=x", "devices=cpu:1", "batch.total=2", *overrides], check_paths=False)

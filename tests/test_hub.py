@@ -109,6 +109,7 @@ def test_a_bad_repo_id_a_missing_token_and_detection_are_refused_before_training
 
 
 CARD_OF_A_HUB_BASE = """
+import trainer.families  # the script's entry point fills the family registry
 from trainer.core.config import load_config
 from trainer.core.hub import base_licence, model_card
 config = load_config(None, ["model.family=sdxl", "model.path=org/base-xl", "data.caption_prefix=ohwx,", "name=mine"],

@@ -111,7 +111,7 @@ def test_bad_values_are_refused_with_a_sentence_naming_the_key(folder, tmp_path)
 def test_the_plan_counts_the_held_out_images_and_val_path_is_a_confined_path(folder, tmp_path):
     from app.security import Workspace
     from trainer.core.assets import resolve_paths
-    from trainer.families.spec import check_captioned_images
+    from trainer.core.family_spec import check_captioned_images
 
     config = _config(folder, "data.val_split=0.25", "devices=cpu:1", "batch.total=2")
     plan = make_plan(config, CPU_ONLY).with_held_out(check_captioned_images(config))

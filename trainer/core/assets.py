@@ -14,7 +14,7 @@ from pathlib import Path
 from trainer.core.config import Config
 from trainer.core.config.validate import DEMO_SCHEME, hub_id_at
 from trainer.errors import UserError
-from trainer.families import demo_builders, spec_of
+from trainer.core.registry import demo_builders, spec_of
 
 DEMO_DIR = ".demo"  # under the runs folder: the demo models and data are built there once and shared by runs
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from trainer.core.config.schema import Config
 from trainer.core.hardware import Hardware
-from trainer.families import spec_of
+from trainer.core.registry import spec_of
 
 FP8_MATMUL_CAPABILITY = 8.9  # Ada (RTX 40xx, L4, L40); Hopper is 9.0, Blackwell 10.0 / 12.0
 _STORED_ONLY = "the fp8 base weights are stored in float8 and upcast for each layer (saves memory, not time)"

@@ -13,7 +13,7 @@ from pathlib import Path
 from trainer.core.config import Config
 from trainer.core.config.validate import is_hub_id
 from trainer.core.runfolder import RunFolder
-from trainer.families import spec_of
+from trainer.core.registry import spec_of
 
 _SAMPLE = re.compile(r"^step-(\d+)-p(\d+)\.png$")
 DEMO_LICENCE = "apache-2.0"  # demo://tiny-sd ships with imagetune, under its licence

@@ -44,7 +44,7 @@ from trainer.core.runlock import RunLock, release_lock, write_identity
 from trainer.core.runlog import launcher_echo
 from trainer.core.stall import StallWatch
 from trainer.errors import UserError
-from trainer.families import spec_of
+from trainer.core.registry import spec_of
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WORKER_MODULE = "trainer.engine.worker"

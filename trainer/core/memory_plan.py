@@ -8,7 +8,7 @@ from trainer.core.config.schema import Config
 from trainer.core.hardware import Hardware
 from trainer.core.memory import RESERVE_GIB, MemoryPlan, estimate, fewest_swapped
 from trainer.core.model_size import OPTIMIZER_STATE_BYTES
-from trainer.families import spec_of
+from trainer.core.registry import spec_of
 
 
 def planned_gpu_gib(config: Config, hw: Hardware, device: str, gpu_ids: tuple[int, ...]) -> float | None:

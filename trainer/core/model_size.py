@@ -11,7 +11,7 @@ import struct
 from math import prod
 from pathlib import Path
 
-from trainer.families import spec_of
+from trainer.core.registry import spec_of
 
 # Bytes per trained parameter: fp32 weight + fp32 gradient + optimizer state.
 OPTIMIZER_STATE_BYTES = {

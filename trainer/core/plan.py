@@ -14,7 +14,7 @@ from trainer.core.compiling import compile_note, sharding_problem, toolchain_pro
 from trainer.core.config.schema import Config
 from trainer.core.config.validate import parse_devices
 from trainer.errors import ConfigError
-from trainer.families import spec_of
+from trainer.core.registry import spec_of
 from trainer.core.hardware import Hardware
 from trainer.core.memory_plan import plan_memory
 

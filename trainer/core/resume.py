@@ -23,8 +23,8 @@ from trainer.core.runfolder import CONFIG_FILE, PID_FILE, RunFolder, write_atomi
 from trainer.core.runlock import RunLock
 from trainer.core.runlog import launcher_echo
 from trainer.errors import UserError
-from trainer.families import spec_of
-from trainer.families.spec import COMMON_FROZEN_ON_RESUME
+from trainer.core.registry import spec_of
+from trainer.core.family_spec import COMMON_FROZEN_ON_RESUME
 
 def frozen_on_resume(family: str) -> tuple[str, ...]:
     """Settings a checkpoint was made with: changing them on resume would load state into a different model,

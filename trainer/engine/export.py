@@ -16,6 +16,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import trainer.families  # noqa: F401  (fills the family registry, trainer.core.registry)
 from trainer.core.checkpoint import Checkpoint
 from trainer.core.events import EventLog
 from trainer.core.outputs import export_dir, pick_checkpoint

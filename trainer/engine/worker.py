@@ -16,6 +16,7 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
+import trainer.families  # noqa: F401  (fills the family registry, trainer.core.registry)
 from trainer.core.config.load import load_config
 from trainer.errors import UserError
 from trainer.core.events import EventLog

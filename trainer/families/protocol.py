@@ -2,7 +2,7 @@
 
 A family owns its models, its dataset and its maths; the loop owns the step: accumulation, precision,
 clipping, optimizer and scheduler, stopping, checkpoints and events. A family is a folder under
-trainer/families/ with a torch-free spec (trainer.families.spec) naming its implementation of `Family`.
+trainer/families/ with a torch-free spec (trainer.core.family_spec) naming its implementation of `Family`.
 
 Optional abilities are protocols of their own (`Fetches`, `Evaluates`, `HasEvaluator`, `HasCheckpointMetadata`,
 `Bucketed`): the engine asks `isinstance(family, Evaluates)` instead of looking for attributes by name.

@@ -2,6 +2,10 @@
 
 OmegaConf does the YAML, the dotted overrides and the type conversion; this module walks the user's keys one
 by one so that one bad key does not hide the next, and suggests the closest valid name for a mistyped key.
+
+`model.family` is checked against the family registry (trainer.core.registry), which this module does not fill:
+the process's entry point has imported `trainer.families` (core never does); read empty, it raises naming that
+import.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 from trainer.core.config.bounds import number_problem
 from trainer.core.config.schema import SCHEMA_VERSION, Config, iter_keys
 from trainer.core.config.validate import validate
+from trainer.core.registry import family_names
 from trainer.errors import ConfigError, UserError
 
 # version -> function turning a preset dict of that version into the next version. Each migration is small,
@@ -169,8 +174,6 @@ def build_config(raw: dict) -> tuple[Config, list[str]]:
     for name, f in iter_keys():
         choices = f.metadata.get("choices")
         if name == "model.family":
-            from trainer.families import family_names  # torch-free registry of names
-
             choices = family_names()
         if choices:
             value = OmegaConf.select(base, name)

@@ -12,25 +12,25 @@ from typing import Any, Optional, Union
 
 from trainer.core.config.data import DataConfig
 from trainer.core.config.fields import key
-from trainer.families import SPECS  # torch-free: the registry of family specs
-from trainer.families.detection.architectures import NAMES as DETECTION_ARCHITECTURES
-# The sections only one family reads live in its folder; Config below holds one field per such section.
-from trainer.families.detection.config import DetectionConfig
-from trainer.families.flow.config import FlowConfig
+# The sections only some families read; Config below holds one field per such section.
+from trainer.core.config.sections.detection import DetectionConfig
+from trainer.core.config.sections.flow import FlowConfig
+from trainer.core.registry import SPECS
 
 SCHEMA_VERSION = 1
 
 
 @dataclass
 class ModelConfig:
+    # The two helps below list the registered families' data, so they are read when shown (fields.help_of): the
+    # registry is filled after this module is imported.
     family: str = key(
-        "sd", "Model family: " + ", ".join(f"`{spec.name}` ({spec.title})" for spec in SPECS.values()) + ".")
+        "sd", lambda: "Model family: " + ", ".join(f"`{spec.name}` ({spec.title})" for spec in SPECS.values()) + ".")
     path: str = key(
         "",
-        "The base model: a local diffusers folder, a single-file `.safetensors`/`.ckpt` checkpoint, a hub id "
-        "(`stable-diffusion-v1-5/stable-diffusion-v1-5`, needs network), or `demo://tiny-sd` for the offline demo. "
-        "Detection: the architecture (torchvision's, or transformers' RT-DETR v2 / D-FINE), one of " + ", ".join(f"`{a}`" for a in DETECTION_ARCHITECTURES)
-        + " (starting weights: `detection.weights`).",
+        lambda: "The base model: a local diffusers folder, a single-file `.safetensors`/`.ckpt` checkpoint, a hub id "
+        "(`stable-diffusion-v1-5/stable-diffusion-v1-5`, needs network), or `demo://tiny-sd` for the offline demo."
+        + "".join(f" {spec.path_help}" for spec in SPECS.values() if spec.path_help),
     )
     config: Optional[str] = key(
         None,

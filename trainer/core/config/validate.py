@@ -13,7 +13,8 @@ from trainer.core.config.extras import missing_extra_problems
 from trainer.core.config.lora_checks import lora_problems
 from trainer.core.compiling import compile_problems
 from trainer.core.config.schema import Config, ModelConfig
-from trainer.families import SPECS
+from trainer.core.config.shape_words import COLOURS, SHAPES
+from trainer.core.registry import SPECS
 
 DEMO_SCHEME = "demo://"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -269,8 +270,6 @@ def _optimizer_problems(t) -> list[str]:
 
 def _scored_prompts(p: list[str], config: Config) -> None:
     """sample.concept / sample.control: a prompt and what the shapes judge must see, both or neither."""
-    from trainer.families.components.shapes import COLOURS, SHAPES  # torch-free: PIL only
-
     words = {*COLOURS, *SHAPES}
     for name in ("concept", "control"):
         scored = getattr(config.sample, name)

@@ -1,8 +1,8 @@
-"""Chroma, as the torch-free side sees it (trainer.families.spec). Its settings are the flow-matching section's."""
+"""Chroma, as the torch-free side sees it (trainer.core.family_spec). Its settings are the flow-matching section's."""
 
 from trainer.core.memory import flow_sizes
 from trainer.families.sizes import T5XXL, VAE
-from trainer.families.spec import FLOW_FROZEN_ON_RESUME, FLOW_PATH_KEYS, FLOW_SECTION_TITLE, FamilySpec
+from trainer.core.family_spec import FLOW_FROZEN_ON_RESUME, FLOW_PATH_KEYS, FLOW_SECTION_TITLE, FamilySpec
 
 CHROMA = FamilySpec(
     name="chroma",

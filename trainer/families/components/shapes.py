@@ -16,15 +16,10 @@ from typing import NamedTuple
 
 from PIL import Image, ImageDraw
 
-COLOURS: dict[str, tuple[int, int, int]] = {
-    "red": (215, 45, 45),
-    "green": (40, 165, 65),
-    "blue": (45, 85, 215),
-    "purple": (140, 60, 180),
-    "yellow": (240, 200, 30),
-}
+# The colour and shape words are core's data (validation checks `sample.*.shows` against them); drawn here.
+from trainer.core.config.shape_words import COLOURS, SHAPES
+
 BACKGROUNDS: dict[str, tuple[int, int, int]] = {"white": (245, 245, 245), "gray": (135, 135, 135), "black": (25, 25, 25)}
-SHAPES = ("circle", "square", "triangle", "star")
 
 UNSEEN_SHAPES = ("star",)
 UNSEEN_COLOURS = ("yellow",)

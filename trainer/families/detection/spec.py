@@ -1,7 +1,8 @@
 """Object detection with torchvision detectors and transformers' RT-DETR v2 / D-FINE (COCO / YOLO data, mAP), as
 the torch-free side sees it."""
 
-from trainer.families.spec import FamilySpec
+from trainer.core.family_spec import FamilySpec
+from trainer.families.detection.architectures import NAMES
 
 SPEC = FamilySpec(
     name="detection",
@@ -24,6 +25,8 @@ SPEC = FamilySpec(
     bucket_multiple=None,
     # model.path is an architecture name (architectures.py), not a file; detection.weights may be a hub id,
     # which the workspace check lets through as it does for model.path elsewhere.
+    path_help="Detection: the architecture (torchvision's, or transformers' RT-DETR v2 / D-FINE), one of "
+              + ", ".join(f"`{a}`" for a in NAMES) + " (starting weights: `detection.weights`).",
     path_keys=("data.path", "detection.images", "detection.val_path", "detection.weights"),
     path_exceptions={"detection.weights": ("coco", "none")},
     # The starting weights decide frozen BatchNorm and frozen stages (the optimizer's parameters); the

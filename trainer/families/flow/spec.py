@@ -1,8 +1,8 @@
-"""SD3/3.5 and FLUX.1: flow-matching transformers, as the torch-free side sees them (trainer.families.spec)."""
+"""SD3/3.5 and FLUX.1: flow-matching transformers, as the torch-free side sees them (trainer.core.family_spec)."""
 
 from trainer.core.memory import flow_sizes
 from trainer.families.sizes import CLIP_G, CLIP_L, T5XXL, VAE
-from trainer.families.spec import FLOW_FROZEN_ON_RESUME, FLOW_PATH_KEYS, FLOW_SECTION_TITLE, FamilySpec
+from trainer.core.family_spec import FLOW_FROZEN_ON_RESUME, FLOW_PATH_KEYS, FLOW_SECTION_TITLE, FamilySpec
 
 SD3 = FamilySpec(
     name="sd3",

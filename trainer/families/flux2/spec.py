@@ -1,9 +1,9 @@
-"""FLUX.2 [dev] and [klein], as the torch-free side sees them (trainer.families.spec): two families, one pipeline
+"""FLUX.2 [dev] and [klein], as the torch-free side sees them (trainer.core.family_spec): two families, one pipeline
 class each, sharing the hooks of trainer.families.flux2.family. Their settings are the flow-matching section's."""
 
 from trainer.core.memory import flow_sizes
 from trainer.families.sizes import FLUX2_VAE, MISTRAL_SMALL_31, QWEN3_4B, QWEN3_8B
-from trainer.families.spec import FLOW_FROZEN_ON_RESUME, FLOW_PATH_KEYS, FLOW_SECTION_TITLE, FamilySpec
+from trainer.core.family_spec import FLOW_FROZEN_ON_RESUME, FLOW_PATH_KEYS, FLOW_SECTION_TITLE, FamilySpec
 
 _EXPORTS = ("LoRA: output/pytorch_lora_weights.safetensors (diffusers) and a ComfyUI file (the diffusers "
             "transformer.* lora_A/lora_B keys with an alpha each, which ComfyUI's Flux key map names)",

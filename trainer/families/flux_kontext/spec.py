@@ -1,7 +1,7 @@
-"""FLUX.1 Kontext, as the torch-free side sees it (trainer.families.spec). Its settings are the flow-matching
+"""FLUX.1 Kontext, as the torch-free side sees it (trainer.core.family_spec). Its settings are the flow-matching
 section's; its paired data is data.control_path."""
 
-from trainer.families.spec import FLOW_FROZEN_ON_RESUME, FLOW_PATH_KEYS, FLOW_SECTION_TITLE, FamilySpec
+from trainer.core.family_spec import FLOW_FROZEN_ON_RESUME, FLOW_PATH_KEYS, FLOW_SECTION_TITLE, FamilySpec
 
 FLUX_KONTEXT = FamilySpec(
     name="flux_kontext",

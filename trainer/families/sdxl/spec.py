@@ -1,8 +1,8 @@
-"""SDXL (base and its fine-tunes), as the torch-free side sees it (trainer.families.spec)."""
+"""SDXL (base and its fine-tunes), as the torch-free side sees it (trainer.core.family_spec)."""
 
 from trainer.core.memory import ModelSizes
 from trainer.families.sizes import CLIP_G, CLIP_L, SD_VAE
-from trainer.families.spec import DIFFUSION_FROZEN_ON_RESUME, FamilySpec
+from trainer.core.family_spec import DIFFUSION_FROZEN_ON_RESUME, FamilySpec
 
 SPEC = FamilySpec(
     name="sdxl",

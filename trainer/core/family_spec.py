@@ -5,6 +5,9 @@ instead of comparing family names, so adding a family is its folder (a spec, an 
 `trainer.families.protocol.Family`, a demo builder), its presets and tests, and one line in the registry
 (`trainer/families/__init__.py`). A spec imports no torch: the UI process reads it too.
 
+The contract lives in core and the families import it (never the reverse): core looks specs up in
+`trainer.core.registry`, which the families fill.
+
 Callables are named as "module:function" strings and imported only when used, so reading a spec never pulls
 in a family's torch-side code.
 """
@@ -63,7 +66,7 @@ class FamilySpec:
     section_title: str = ""
     checks: str | None = None
     """"module:function" (torch-free) `(config, check_paths) -> list[str]`: the family's own config problems."""
-    data_check: str = "trainer.families.spec:check_captioned_images"
+    data_check: str = "trainer.core.family_spec:check_captioned_images"
     """"module:function" (torch-free) `(config) -> scan`, run by the launcher before any process starts; raises
     UserError when the dataset cannot train at all. The scan may carry `items` for the plan's bucket list."""
     dataset_paths: str | None = None
@@ -93,6 +96,9 @@ class FamilySpec:
     with `block_swap_note`."""
     block_swap_note: str = ""
     """Why block swap is refused for it, with what to do instead."""
+    path_help: str = ""
+    """What `model.path` names for this family when it is not a diffusers model, appended to that key's help
+    (detection: its architectures); empty: nothing to add."""
     sizes: ModelSizes | None = None
     """Its base model's published sizes, for the plan's memory estimate (trainer.core.memory); None: no estimate."""
     sizes_variants: dict[str, ModelSizes] = field(default_factory=dict)
