@@ -20,7 +20,9 @@ how diffusers (``FluxTransformer2DModel.from_single_file``) reads such a file:
   (scale, shift).
 
 Keys the mapping does not know raise instead of being written under a wrong name. ``regroup`` (rename + fuse
-along dim 0) is shared with ``trainer.families.flow.sd3_checkpoint``.
+along dim 0) is shared with ``trainer.families.flow.sd3_checkpoint``; ``block_target``, ``to_original_state_dict``
+and ``save_original_file`` with the layouts derived from FLUX.1's, Chroma's (``trainer.families.chroma.checkpoint``)
+and FLUX.2's (``trainer.families.flux2.checkpoint``).
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ _FIXED: dict[str, Target] = {
     **_linear("proj_out", "final_layer.linear"),
     **_linear("norm_out.linear", "final_layer.adaLN_modulation.1"),
 }
-_DOUBLE: dict[str, Target] = {
+DOUBLE: dict[str, Target] = {
     **_linear("norm1.linear", "img_mod.lin"),
     **_linear("norm1_context.linear", "txt_mod.lin"),
     **_qkv("attn.", ("to_q", "to_k", "to_v"), "img_attn.qkv"),
@@ -81,7 +83,7 @@ _DOUBLE: dict[str, Target] = {
     **_linear("ff_context.net.0.proj", "txt_mlp.0"),
     **_linear("ff_context.net.2", "txt_mlp.2"),
 }
-_SINGLE: dict[str, Target] = {
+SINGLE: dict[str, Target] = {
     **_linear("norm.linear", "modulation.lin"),
     **_qkv("", ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp"), "linear1"),
     "attn.norm_q.weight": ("norm.query_norm.scale", 0, 1),
@@ -135,25 +137,43 @@ def regroup(
     return out
 
 
-def _flux_target(key: str) -> Target:
-    if m := re.fullmatch(r"transformer_blocks\.(\d+)\.(.+)", key):
-        name, part, parts = _DOUBLE[m[2]]
-        return f"double_blocks.{m[1]}.{name}", part, parts
-    if m := re.fullmatch(r"single_transformer_blocks\.(\d+)\.(.+)", key):
-        name, part, parts = _SINGLE[m[2]]
-        return f"single_blocks.{m[1]}.{name}", part, parts
-    return _FIXED[key]
+def block_target(fixed: Mapping[str, Target], double: Mapping[str, Target],
+                 single: Mapping[str, Target]) -> Callable[[str], Target]:
+    """The target of a diffusers key in a BFL layout: `double` maps the inside of `transformer_blocks.N` onto
+    `double_blocks.N`, `single` that of `single_transformer_blocks.N` onto `single_blocks.N`, `fixed` the rest."""
+
+    def target(key: str) -> Target:
+        if m := re.fullmatch(r"transformer_blocks\.(\d+)\.(.+)", key):
+            name, part, parts = double[m[2]]
+            return f"double_blocks.{m[1]}.{name}", part, parts
+        if m := re.fullmatch(r"single_transformer_blocks\.(\d+)\.(.+)", key):
+            name, part, parts = single[m[2]]
+            return f"single_blocks.{m[1]}.{name}", part, parts
+        return fixed[key]
+
+    return target
+
+
+def to_original_state_dict(transformer: torch.nn.Module, target: Callable[[str], Target], *, what: str,
+                           layout: str, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """`transformer`'s state dict under `target`'s names (no prefix), the final modulation's halves swapped where
+    the layout has one (FLUX.1's and FLUX.2's ``final_layer.adaLN_modulation.1``; Chroma's has no weights)."""
+    state = transformer.state_dict()
+    if any("lora_" in k or ".base_layer." in k for k in state):
+        raise ValueError("the transformer still has LoRA layers: fuse and unload them before saving a single file")
+    out = regroup(state, target, what=what, layout=layout, dtype=dtype)
+    for key in SWAPPED:
+        if key in out:
+            out[key] = swap_halves(out[key])
+    return out
+
+
+_flux_target = block_target(_FIXED, DOUBLE, SINGLE)
 
 
 def to_flux_state_dict(transformer: torch.nn.Module, *, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """The BFL-layout state dict (no prefix) of a ``FluxTransformer2DModel``, on the CPU, in ``dtype`` if given."""
-    state = transformer.state_dict()
-    if any("lora_" in k or ".base_layer." in k for k in state):
-        raise ValueError("the transformer still has LoRA layers: fuse and unload them before saving a single file")
-    out = regroup(state, _flux_target, what="FLUX transformer", layout=LAYOUT, dtype=dtype)
-    for key in SWAPPED:
-        out[key] = swap_halves(out[key])
-    return out
+    return to_original_state_dict(transformer, _flux_target, what="FLUX transformer", layout=LAYOUT, dtype=dtype)
 
 
 def flux_architecture(transformer) -> str:
@@ -161,20 +181,29 @@ def flux_architecture(transformer) -> str:
     return "flux-1-dev" if transformer.config.get("guidance_embeds") else "flux-1-schnell"
 
 
-def _transformer(source, dtype: torch.dtype) -> torch.nn.Module:
-    """A transformer module, a pipeline that has one, or a diffusers folder (pipeline or transformer alone)."""
+def load_transformer(source, dtype: torch.dtype, model_class: str = "FluxTransformer2DModel") -> torch.nn.Module:
+    """A transformer module, a pipeline that has one, or a diffusers folder (pipeline or transformer alone) loaded
+    as diffusers' `model_class`."""
     from trainer.families.components.lora_files import unwrap
 
     if isinstance(source, (str, os.PathLike)):
-        from diffusers import FluxTransformer2DModel
+        import diffusers
 
         folder = Path(source)
         subfolder = "transformer" if (folder / "transformer" / "config.json").is_file() else None
         if subfolder is None and not (folder / "config.json").is_file():
-            raise UserError(f"{folder} is neither a FLUX pipeline folder nor a transformer folder (no config.json)")
-        return FluxTransformer2DModel.from_pretrained(folder, subfolder=subfolder, dtype=dtype,
-                                                      local_files_only=True)
+            raise UserError(f"{folder} is neither a pipeline folder nor a transformer folder (no config.json): "
+                            "give the run's output/diffusers folder")
+        return getattr(diffusers, model_class).from_pretrained(folder, subfolder=subfolder, dtype=dtype,
+                                                               local_files_only=True)
     return unwrap(getattr(source, "transformer", source))
+
+
+def save_original_file(state: Mapping[str, torch.Tensor], out_file: str | os.PathLike, *, dtype: torch.dtype,
+                       architecture: str, implementation: str, metadata: Mapping[str, str] | None = None) -> Path:
+    """`state` (already in its original layout) as one file with modelspec's architecture and implementation."""
+    header = {"modelspec.implementation": implementation, **(metadata or {})}
+    return write_checkpoint(state, out_file, dtype=dtype, architecture=architecture, metadata=header)
 
 
 def save_flux_single_file(
@@ -186,7 +215,7 @@ def save_flux_single_file(
     bf16 by default: FLUX.1 is published in bf16, and fp16's narrow range is where FLUX overflows. Written to a
     ``.partial`` file and renamed; returns the path written.
     """
-    transformer = _transformer(source, dtype)
-    header = {"modelspec.implementation": IMPLEMENTATION, **(metadata or {})}
-    return write_checkpoint(to_flux_state_dict(transformer, dtype=dtype), out_file, dtype=dtype,
-                            architecture=flux_architecture(transformer), metadata=header)
+    transformer = load_transformer(source, dtype)
+    return save_original_file(to_flux_state_dict(transformer, dtype=dtype), out_file, dtype=dtype,
+                              architecture=flux_architecture(transformer), implementation=IMPLEMENTATION,
+                              metadata=metadata)
