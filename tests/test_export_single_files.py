@@ -9,7 +9,8 @@
 - A full fine-tune's outputs (`save_flow_full` on a stand-in pipeline) hold `<name>.safetensors` beside
   `diffusers/` for Chroma and FLUX.2; Z-Image and Qwen-Image, whose releases are diffusers folders only, keep the
   folder with a warning that says so.
-FLUX.1 Kontext writes FLUX.1's own file (flux_kontext/family.py `save_single_file`), tested in test_export_flow.
+FLUX.1 Kontext writes FLUX.1's own file (BFL's flux1-kontext-dev.safetensors has FLUX.1 [dev]'s layout), which
+test_export_flow checks; here only that its family's hook writes it.
 """
 
 from types import SimpleNamespace
@@ -19,7 +20,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from tests.test_export_flow import _assert_converter_reads_exactly, _assert_same, flux_converter
+from tests.test_export_flow import _assert_converter_reads_exactly, _assert_same, _tiny_flux, flux_converter
 from trainer.families.chroma.checkpoint import save_chroma_single_file, to_chroma_state_dict
 from trainer.families.flux2.checkpoint import save_flux2_single_file, to_flux2_state_dict
 
@@ -65,12 +66,15 @@ def test_chroma_round_trips_through_diffusers_from_single_file(diffusers_reads_t
 
     tensors = load_file(path)
     guidance = transformer.distilled_guidance_layer
-    assert torch.equal(tensors["distilled_guidance_layer.layers.1.out_layer.weight"], guidance.layers[1].linear_2.weight)
+    assert torch.equal(tensors["distilled_guidance_layer.layers.1.out_layer.weight"],
+                       guidance.layers[1].linear_2.weight)
     assert torch.equal(tensors["distilled_guidance_layer.norms.1.scale"], guidance.norms[1].weight)
     block = transformer.single_transformer_blocks[1]
     parts = (block.attn.to_q, block.attn.to_k, block.attn.to_v, block.proj_mlp)
     assert torch.equal(tensors["single_blocks.1.linear1.weight"], torch.cat([m.weight for m in parts]))
-    # what Chroma pruned from FLUX.1 is not in the file (diffusers' converter would not read it)
+    # the keys ComfyUI detects Chroma by (comfy/model_detection.py); what Chroma pruned from FLUX.1 is not in the
+    # file (diffusers' converter would not read it)
+    assert {"distilled_guidance_layer.norms.0.scale", "double_blocks.0.img_attn.norm.key_norm.scale"} <= set(tensors)
     assert not [k for k in tensors if "_mod." in k or "modulation" in k or k.startswith(("time_in", "vector_in"))]
     with safe_open(path, "pt") as f:
         meta = f.metadata()
@@ -92,6 +96,7 @@ def test_flux2_round_trips_through_diffusers_from_single_file(guidance, tmp_path
 
     tensors = load_file(path)
     assert ("guidance_in.in_layer.weight" in tensors) is guidance
+    assert {"double_stream_modulation_img.lin.weight", "img_in.weight"} <= set(tensors)  # ComfyUI's FLUX.2 keys
     attn = transformer.transformer_blocks[1].attn
     assert torch.equal(tensors["double_blocks.1.img_attn.qkv.weight"],
                        torch.cat([attn.to_q.weight, attn.to_k.weight, attn.to_v.weight]))
@@ -124,16 +129,16 @@ def test_full_size_layouts_are_what_diffusers_converters_consume():
     _assert_converter_reads_exactly(convert_flux2_transformer_checkpoint_to_diffusers, state, flux2)
 
 
-def _full_outputs(family_name: str, transformer, tmp_path, warnings: list):
+def _full_outputs(family_name: str, transformer, tmp_path, warnings: list, *overrides: str):
     """`save_flow_full` of the family on a stand-in pipeline whose folder is the transformer's alone."""
     from trainer.core.config import load_config
     from trainer.families import get_family
     from trainer.families.flow.outputs import save_flow_full
 
-    for folder in ("data", "base"):  # the config checks that both exist; neither is read
+    for folder in ("data", "base", "control"):  # the config checks that they exist; none is read
         (tmp_path / folder).mkdir(parents=True, exist_ok=True)
     cfg = load_config(None, [f"model.path={tmp_path / 'base'}", f"model.family={family_name}", "method=full",
-                             "name=my-run", f"data.path={tmp_path / 'data'}"])
+                             "name=my-run", f"data.path={tmp_path / 'data'}", *overrides])
     pipe = SimpleNamespace(transformer=transformer)
     pipe.save_pretrained = lambda folder, **_: pipe.transformer.save_pretrained(folder / "transformer")
     ctx = SimpleNamespace(unwrap=lambda m: m, log_warning=warnings.append)
@@ -142,16 +147,22 @@ def _full_outputs(family_name: str, transformer, tmp_path, warnings: list):
     return save_flow_full(trainer, tmp_path / "output", step=3)
 
 
-@pytest.mark.parametrize("family_name", ["chroma", "flux2", "flux2_klein"])
+@pytest.mark.parametrize("family_name", ["chroma", "flux2", "flux2_klein", "flux_kontext"])
 def test_a_full_fine_tune_writes_the_release_file_beside_the_diffusers_folder(family_name, tmp_path, monkeypatch):
     from diffusers.loaders.single_file_model import SINGLE_FILE_LOADABLE_CLASSES
     from diffusers.loaders.single_file_utils import convert_chroma_transformer_checkpoint_to_diffusers
 
     monkeypatch.setitem(SINGLE_FILE_LOADABLE_CLASSES["ChromaTransformer2DModel"], "checkpoint_mapping_fn",
                         flux_converter(32, convert_chroma_transformer_checkpoint_to_diffusers))
-    transformer = _tiny_chroma() if family_name == "chroma" else _tiny_flux2(family_name == "flux2")
+    monkeypatch.setitem(SINGLE_FILE_LOADABLE_CLASSES["FluxTransformer2DModel"], "checkpoint_mapping_fn",
+                        flux_converter(32))
+    transformers = {"chroma": _tiny_chroma, "flux2": lambda: _tiny_flux2(True),
+                    "flux2_klein": lambda: _tiny_flux2(False),
+                    "flux_kontext": lambda: _tiny_flux(True)}  # Kontext: FLUX.1 [dev]'s transformer
+    transformer = transformers[family_name]()
+    paired = [f"data.control_path={tmp_path / 'control'}"] if family_name == "flux_kontext" else []  # its checks
     warnings: list[str] = []
-    outputs = _full_outputs(family_name, transformer, tmp_path, warnings)
+    outputs = _full_outputs(family_name, transformer, tmp_path, warnings, *paired)
     output = tmp_path / "output"
     assert outputs == [str(output / "diffusers"), str(output / "my-run.safetensors")] and warnings == []
     assert {v.dtype for v in load_file(outputs[1]).values()} == {torch.bfloat16}
@@ -161,7 +172,7 @@ def test_a_full_fine_tune_writes_the_release_file_beside_the_diffusers_folder(fa
     with safe_open(outputs[1], "pt") as f:
         meta = f.metadata()
     assert (meta["family"], meta["method"], meta["steps"]) == (family_name, "full", "3")
-    assert meta["modelspec.architecture"] == ("chroma" if family_name == "chroma" else family_name)
+    assert meta["modelspec.architecture"] == {"flux_kontext": "flux-1-dev"}.get(family_name, family_name)
 
 
 @pytest.mark.parametrize(("family_name", "release"), [("zimage", "Tongyi-MAI/Z-Image-Turbo"),

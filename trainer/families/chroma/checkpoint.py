@@ -10,7 +10,10 @@ the MLP input, ``linear2``), without what Chroma pruned: no per-block modulation
 ``modulation``), no ``time_in`` / ``vector_in`` / ``guidance_in``, and a final layer with ``linear`` only (lines
 3733-3734). In their place the distilled guidance layer, under its own name (lines 3594-3622):
 ``in_proj`` / ``out_proj`` as they are, ``layers.N.in_layer`` / ``out_layer`` for diffusers' ``linear_1`` /
-``linear_2``, and RMS-norm ``norms.N.scale`` for ``norms.N.weight``.
+``linear_2``, and RMS-norm ``norms.N.scale`` for ``norms.N.weight``. ComfyUI tells the file from FLUX.1's by
+``distilled_guidance_layer.norms.0.scale`` beside ``double_blocks.0.img_attn.norm.key_norm.scale``
+(comfy/model_detection.py ``detect_unet_config``); diffusers by ``distilled_guidance_layer.in_proj.bias``
+(single_file_utils.py ``CHECKPOINT_KEY_NAMES["chroma"]``).
 """
 
 from __future__ import annotations

@@ -19,7 +19,9 @@ The mapping is the exact inverse of diffusers' ``convert_flux2_transformer_check
   ``attn.to_out`` (lines 3889-3894);
 - ``final_layer.linear`` is ``proj_out``; ``final_layer.adaLN_modulation.1`` is ``norm_out.linear`` with its
   halves swapped (BFL's (shift, scale), lines 3924-3937).
-FLUX.2's linear layers have no biases; any other weight the layout has no place for raises.
+FLUX.2's linear layers have no biases; any other weight the layout has no place for raises. ComfyUI and diffusers
+tell the file from FLUX.1's by ``double_stream_modulation_img.lin.weight`` (comfy/model_detection.py
+``detect_unet_config``; single_file_utils.py ``CHECKPOINT_KEY_NAMES["flux2"]``) and size the model from its shapes.
 """
 
 from __future__ import annotations
