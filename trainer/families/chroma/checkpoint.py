@@ -25,16 +25,15 @@ from pathlib import Path
 
 import torch
 
-from trainer.families.flow.flux_checkpoint import (
-    DOUBLE,
-    SINGLE,
+from trainer.families.components.original_layout import (
     Target,
-    _linear,
     block_target,
+    linear,
     load_transformer,
     save_original_file,
     to_original_state_dict,
 )
+from trainer.families.flow.flux_checkpoint import DOUBLE, SINGLE
 
 LAYOUT = "Chroma"
 IMPLEMENTATION = "https://huggingface.co/lodestones/Chroma1-HD"
@@ -43,11 +42,11 @@ IMPLEMENTATION = "https://huggingface.co/lodestones/Chroma1-HD"
 _DOUBLE = {k: v for k, v in DOUBLE.items() if not k.startswith(("norm1.", "norm1_context."))}
 _SINGLE = {k: v for k, v in SINGLE.items() if not k.startswith("norm.linear.")}
 _FIXED: dict[str, Target] = {
-    **_linear("context_embedder", "txt_in"),
-    **_linear("x_embedder", "img_in"),
-    **_linear("proj_out", "final_layer.linear"),
-    **_linear("distilled_guidance_layer.in_proj", "distilled_guidance_layer.in_proj"),
-    **_linear("distilled_guidance_layer.out_proj", "distilled_guidance_layer.out_proj"),
+    **linear("context_embedder", "txt_in"),
+    **linear("x_embedder", "img_in"),
+    **linear("proj_out", "final_layer.linear"),
+    **linear("distilled_guidance_layer.in_proj", "distilled_guidance_layer.in_proj"),
+    **linear("distilled_guidance_layer.out_proj", "distilled_guidance_layer.out_proj"),
 }
 _blocks = block_target(_FIXED, _DOUBLE, _SINGLE)
 

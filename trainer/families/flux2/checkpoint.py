@@ -5,7 +5,7 @@ encoder beside it, BFL's reference code (github.com/black-forest-labs/flux2), an
 ``Flux2Transformer2DModel.from_single_file``.
 
 The mapping is the exact inverse of diffusers' ``convert_flux2_transformer_checkpoint_to_diffusers`` (diffusers
-0.42, ``loaders/single_file_utils.py`` lines 3852-4014), FLUX.1's BFL names (``trainer.families.flow
+0.42, ``loaders/single_file_utils.py`` lines 3852-4014), FLUX.1's BFL names (as ``trainer.families.flow
 .flux_checkpoint``) where FLUX.2 keeps them:
 
 - ``img_in`` / ``txt_in``, ``time_in`` / ``guidance_in`` (``in_layer`` / ``out_layer``; klein has no guidance
@@ -32,10 +32,10 @@ from pathlib import Path
 
 import torch
 
-from trainer.families.flow.flux_checkpoint import (
+from trainer.families.components.original_layout import (
     Target,
-    _linear,
-    _qkv,
+    linear,
+    qkv,
     block_target,
     load_transformer,
     save_original_file,
@@ -47,36 +47,36 @@ IMPLEMENTATION = "https://github.com/black-forest-labs/flux2"
 
 
 _FIXED: dict[str, Target] = {
-    **_linear("x_embedder", "img_in"),
-    **_linear("context_embedder", "txt_in"),
-    **_linear("time_guidance_embed.timestep_embedder.linear_1", "time_in.in_layer"),
-    **_linear("time_guidance_embed.timestep_embedder.linear_2", "time_in.out_layer"),
-    **_linear("time_guidance_embed.guidance_embedder.linear_1", "guidance_in.in_layer"),
-    **_linear("time_guidance_embed.guidance_embedder.linear_2", "guidance_in.out_layer"),
-    **_linear("double_stream_modulation_img.linear", "double_stream_modulation_img.lin"),
-    **_linear("double_stream_modulation_txt.linear", "double_stream_modulation_txt.lin"),
-    **_linear("single_stream_modulation.linear", "single_stream_modulation.lin"),
-    **_linear("proj_out", "final_layer.linear"),
+    **linear("x_embedder", "img_in"),
+    **linear("context_embedder", "txt_in"),
+    **linear("time_guidance_embed.timestep_embedder.linear_1", "time_in.in_layer"),
+    **linear("time_guidance_embed.timestep_embedder.linear_2", "time_in.out_layer"),
+    **linear("time_guidance_embed.guidance_embedder.linear_1", "guidance_in.in_layer"),
+    **linear("time_guidance_embed.guidance_embedder.linear_2", "guidance_in.out_layer"),
+    **linear("double_stream_modulation_img.linear", "double_stream_modulation_img.lin"),
+    **linear("double_stream_modulation_txt.linear", "double_stream_modulation_txt.lin"),
+    **linear("single_stream_modulation.linear", "single_stream_modulation.lin"),
+    **linear("proj_out", "final_layer.linear"),
     # swapped halves (to_original_state_dict); a weight only: the converter maps no bias here (lines 3925-3927)
     "norm_out.linear.weight": ("final_layer.adaLN_modulation.1.weight", 0, 1),
 }
 _DOUBLE: dict[str, Target] = {
-    **_qkv("attn.", ("to_q", "to_k", "to_v"), "img_attn.qkv"),
-    **_qkv("attn.", ("add_q_proj", "add_k_proj", "add_v_proj"), "txt_attn.qkv"),
+    **qkv("attn.", ("to_q", "to_k", "to_v"), "img_attn.qkv"),
+    **qkv("attn.", ("add_q_proj", "add_k_proj", "add_v_proj"), "txt_attn.qkv"),
     "attn.norm_q.weight": ("img_attn.norm.query_norm.scale", 0, 1),
     "attn.norm_k.weight": ("img_attn.norm.key_norm.scale", 0, 1),
     "attn.norm_added_q.weight": ("txt_attn.norm.query_norm.scale", 0, 1),
     "attn.norm_added_k.weight": ("txt_attn.norm.key_norm.scale", 0, 1),
-    **_linear("attn.to_out.0", "img_attn.proj"),
-    **_linear("attn.to_add_out", "txt_attn.proj"),
-    **_linear("ff.linear_in", "img_mlp.0"),
-    **_linear("ff.linear_out", "img_mlp.2"),
-    **_linear("ff_context.linear_in", "txt_mlp.0"),
-    **_linear("ff_context.linear_out", "txt_mlp.2"),
+    **linear("attn.to_out.0", "img_attn.proj"),
+    **linear("attn.to_add_out", "txt_attn.proj"),
+    **linear("ff.linear_in", "img_mlp.0"),
+    **linear("ff.linear_out", "img_mlp.2"),
+    **linear("ff_context.linear_in", "txt_mlp.0"),
+    **linear("ff_context.linear_out", "txt_mlp.2"),
 }
 _SINGLE: dict[str, Target] = {
-    **_linear("attn.to_qkv_mlp_proj", "linear1"),
-    **_linear("attn.to_out", "linear2"),
+    **linear("attn.to_qkv_mlp_proj", "linear1"),
+    **linear("attn.to_out", "linear2"),
     "attn.norm_q.weight": ("norm.query_norm.scale", 0, 1),
     "attn.norm_k.weight": ("norm.key_norm.scale", 0, 1),
 }
