@@ -34,8 +34,9 @@ FLUX_TINY = {"patch_size": 1, "in_channels": 64, "num_layers": 2, "num_single_la
              "axes_dims_rope": (4, 6, 6)}
 
 
-def flux_converter(inner_dim: int):
-    """diffusers' own `convert_flux_transformer_checkpoint_to_diffusers`, with its one hard-coded width generalised.
+def flux_converter(inner_dim: int, original=None):
+    """diffusers' own `convert_flux_transformer_checkpoint_to_diffusers` (or `original`: Chroma's, which splits
+    `linear1` with the same `inner_dim = 3072`), with its one hard-coded width generalised.
 
     diffusers 0.42.1 splits each single block's `linear1` into q, k, v and the MLP input with `inner_dim = 3072`
     written into the function (FLUX.1's 24 heads x 128), so a tiny model cannot go through `from_single_file`
@@ -44,12 +45,11 @@ def flux_converter(inner_dim: int):
     one 3072 there. The full-size key set is checked against the unmodified converter
     (test_flux_keys_are_exactly_the_ones_diffusers_converter_consumes).
     """
-    from diffusers.loaders.single_file_utils import (
-        convert_flux_transformer_checkpoint_to_diffusers as original,
-    )
+    from diffusers.loaders.single_file_utils import convert_flux_transformer_checkpoint_to_diffusers
 
+    original = original or convert_flux_transformer_checkpoint_to_diffusers
     code = original.__code__
-    assert [c for c in code.co_consts if type(c) is int].count(3072) == 1, "diffusers' FLUX converter changed"
+    assert [c for c in code.co_consts if type(c) is int].count(3072) == 1, f"diffusers' {original.__name__} changed"
     consts = tuple(inner_dim if type(c) is int and c == 3072 else c for c in code.co_consts)
     return types.FunctionType(code.replace(co_consts=consts), original.__globals__, original.__name__,
                               original.__defaults__, original.__closure__)

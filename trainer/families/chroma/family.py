@@ -118,9 +118,8 @@ class ChromaFamily(FlowFamily):
                 "modelspec.prediction_type": "flow"}
 
     def save_single_file(self, transformer: torch.nn.Module, path: Path, metadata: dict) -> Path:
-        from trainer.errors import UserError
+        """The transformer alone in lodestones' layout (as Chroma1-HD.safetensors; trainer.families.chroma
+        .checkpoint): ComfyUI's "Load Diffusion Model", or ChromaTransformer2DModel.from_single_file."""
+        from trainer.families.chroma.checkpoint import save_chroma_single_file
 
-        # Chroma's original layout (BFL names plus its distilled guidance layer) has no writer here yet; the
-        # diffusers folder holds the whole model, and save_flow_full keeps it with this reason as a warning.
-        raise UserError("Chroma's single-file layout is not written yet; load output/diffusers with "
-                        "ChromaPipeline.from_pretrained, or set full.save_single_file=false")
+        return save_chroma_single_file(transformer, path, metadata=metadata)

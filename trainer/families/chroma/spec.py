@@ -18,7 +18,7 @@ CHROMA = FamilySpec(
     frozen_on_resume=FLOW_FROZEN_ON_RESUME,
     exports=("LoRA: output/pytorch_lora_weights.safetensors (diffusers) and a kohya/ComfyUI file "
              "(lora_unet_double_blocks_... keys, as for FLUX.1)",
-             "full: a diffusers folder (no single file yet)"),
+             "full: a diffusers folder and the original single-file layout (as Chroma1-HD.safetensors)"),
     demo_preset="demo-chroma.yaml",
     demo_assets={"tiny-chroma": "trainer.families.chroma.demo:ensure_tiny_chroma"},
     section="flow",

@@ -19,162 +19,78 @@ how diffusers (``FluxTransformer2DModel.from_single_file``) reads such a file:
   halves swapped: BFL's final modulation computes (shift, scale), diffusers' ``AdaLayerNormContinuous``
   (scale, shift).
 
-Keys the mapping does not know raise instead of being written under a wrong name. ``regroup`` (rename + fuse
-along dim 0) is shared with ``trainer.families.flow.sd3_checkpoint``.
+Keys the mapping does not know raise instead of being written under a wrong name. The renaming and fusing is
+``trainer.families.components.original_layout``'s; Chroma's layout (``trainer.families.chroma.checkpoint``) reuses
+``DOUBLE`` and ``SINGLE`` below.
 """
 
 from __future__ import annotations
 
 import os
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
-from trainer.errors import UserError
-from trainer.families.components.ldm_checkpoint import _raise_unknown, write_checkpoint
+from trainer.families.components.original_layout import (
+    Target,
+    block_target,
+    linear,
+    load_transformer,
+    qkv,
+    save_original_file,
+    to_original_state_dict,
+)
 
 LAYOUT = "FLUX.1"
 IMPLEMENTATION = "https://github.com/black-forest-labs/flux"
 
-# (original key, part, parts): parts > 1 are concatenated along dim 0 in part order.
-Target = tuple[str, int, int]
-
-
-def _linear(diffusers: str, original: str, part: int = 0, parts: int = 1) -> dict[str, Target]:
-    return {f"{diffusers}.{p}": (f"{original}.{p}", part, parts) for p in ("weight", "bias")}
-
-
-def _qkv(prefix: str, names: tuple[str, ...], original: str) -> dict[str, Target]:
-    out: dict[str, Target] = {}
-    for part, name in enumerate(names):
-        out.update(_linear(f"{prefix}{name}", original, part, len(names)))
-    return out
-
-
 _FIXED: dict[str, Target] = {
-    **_linear("time_text_embed.timestep_embedder.linear_1", "time_in.in_layer"),
-    **_linear("time_text_embed.timestep_embedder.linear_2", "time_in.out_layer"),
-    **_linear("time_text_embed.text_embedder.linear_1", "vector_in.in_layer"),
-    **_linear("time_text_embed.text_embedder.linear_2", "vector_in.out_layer"),
-    **_linear("time_text_embed.guidance_embedder.linear_1", "guidance_in.in_layer"),
-    **_linear("time_text_embed.guidance_embedder.linear_2", "guidance_in.out_layer"),
-    **_linear("context_embedder", "txt_in"),
-    **_linear("x_embedder", "img_in"),
-    **_linear("proj_out", "final_layer.linear"),
-    **_linear("norm_out.linear", "final_layer.adaLN_modulation.1"),
+    **linear("time_text_embed.timestep_embedder.linear_1", "time_in.in_layer"),
+    **linear("time_text_embed.timestep_embedder.linear_2", "time_in.out_layer"),
+    **linear("time_text_embed.text_embedder.linear_1", "vector_in.in_layer"),
+    **linear("time_text_embed.text_embedder.linear_2", "vector_in.out_layer"),
+    **linear("time_text_embed.guidance_embedder.linear_1", "guidance_in.in_layer"),
+    **linear("time_text_embed.guidance_embedder.linear_2", "guidance_in.out_layer"),
+    **linear("context_embedder", "txt_in"),
+    **linear("x_embedder", "img_in"),
+    **linear("proj_out", "final_layer.linear"),
+    **linear("norm_out.linear", "final_layer.adaLN_modulation.1"),
 }
-_DOUBLE: dict[str, Target] = {
-    **_linear("norm1.linear", "img_mod.lin"),
-    **_linear("norm1_context.linear", "txt_mod.lin"),
-    **_qkv("attn.", ("to_q", "to_k", "to_v"), "img_attn.qkv"),
-    **_qkv("attn.", ("add_q_proj", "add_k_proj", "add_v_proj"), "txt_attn.qkv"),
+DOUBLE: dict[str, Target] = {
+    **linear("norm1.linear", "img_mod.lin"),
+    **linear("norm1_context.linear", "txt_mod.lin"),
+    **qkv("attn.", ("to_q", "to_k", "to_v"), "img_attn.qkv"),
+    **qkv("attn.", ("add_q_proj", "add_k_proj", "add_v_proj"), "txt_attn.qkv"),
     "attn.norm_q.weight": ("img_attn.norm.query_norm.scale", 0, 1),
     "attn.norm_k.weight": ("img_attn.norm.key_norm.scale", 0, 1),
     "attn.norm_added_q.weight": ("txt_attn.norm.query_norm.scale", 0, 1),
     "attn.norm_added_k.weight": ("txt_attn.norm.key_norm.scale", 0, 1),
-    **_linear("attn.to_out.0", "img_attn.proj"),
-    **_linear("attn.to_add_out", "txt_attn.proj"),
-    **_linear("ff.net.0.proj", "img_mlp.0"),
-    **_linear("ff.net.2", "img_mlp.2"),
-    **_linear("ff_context.net.0.proj", "txt_mlp.0"),
-    **_linear("ff_context.net.2", "txt_mlp.2"),
+    **linear("attn.to_out.0", "img_attn.proj"),
+    **linear("attn.to_add_out", "txt_attn.proj"),
+    **linear("ff.net.0.proj", "img_mlp.0"),
+    **linear("ff.net.2", "img_mlp.2"),
+    **linear("ff_context.net.0.proj", "txt_mlp.0"),
+    **linear("ff_context.net.2", "txt_mlp.2"),
 }
-_SINGLE: dict[str, Target] = {
-    **_linear("norm.linear", "modulation.lin"),
-    **_qkv("", ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp"), "linear1"),
+SINGLE: dict[str, Target] = {
+    **linear("norm.linear", "modulation.lin"),
+    **qkv("", ("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp"), "linear1"),
     "attn.norm_q.weight": ("norm.query_norm.scale", 0, 1),
     "attn.norm_k.weight": ("norm.key_norm.scale", 0, 1),
-    **_linear("proj_out", "linear2"),
+    **linear("proj_out", "linear2"),
 }
-SWAPPED = ("final_layer.adaLN_modulation.1.weight", "final_layer.adaLN_modulation.1.bias")
-
-
-def swap_halves(tensor: torch.Tensor) -> torch.Tensor:
-    """(a, b) -> (b, a) along dim 0: diffusers' (scale, shift) <-> the original (shift, scale). Its own inverse."""
-    first, second = tensor.chunk(2, dim=0)
-    return torch.cat([second, first], dim=0)
-
-
-def regroup(
-    state: Mapping[str, torch.Tensor], target: Callable[[str], Target], *, what: str, layout: str,
-    dtype: torch.dtype | None = None,
-) -> dict[str, torch.Tensor]:
-    """``state`` under its original names: ``target(key)`` gives (name, part, parts) or raises KeyError.
-
-    Tensors go to the CPU, floating-point ones cast to ``dtype`` (when given) before they are fused, and a fused
-    tensor is built as soon as its last part arrives: a 12-billion-parameter transformer then costs one copy at
-    the file's precision (24 GB of bf16 for FLUX.1) next to the trained weights, not a second fp32 copy of every
-    q/k/v. Casting before or after concatenating gives the same bits (rounding is elementwise).
-    """
-    out: dict[str, torch.Tensor] = {}
-    pending: dict[str, list[torch.Tensor | None]] = {}
-    unknown = []
-    for key, tensor in state.items():
-        try:
-            name, part, parts = target(key)
-        except (KeyError, ValueError):
-            unknown.append(key)
-            continue
-        cast = dtype if dtype is not None and tensor.is_floating_point() else None
-        tensor = tensor.detach().to(None if tensor.is_meta else "cpu", cast)  # meta: layout checks, no memory
-        if parts == 1:
-            out[name] = tensor
-            continue
-        group = pending.setdefault(name, [None] * parts)
-        group[part] = tensor
-        complete = [t for t in group if t is not None]
-        if len(complete) == parts:
-            del pending[name]
-            out[name] = torch.cat(complete, dim=0)
-    _raise_unknown(what, unknown, layout)
-    if pending:
-        shown = ", ".join(sorted(pending)[:5])
-        raise UserError(f"the {what} lacks some of the weights that make up {shown} in the {layout} layout")
-    return out
-
-
-def _flux_target(key: str) -> Target:
-    if m := re.fullmatch(r"transformer_blocks\.(\d+)\.(.+)", key):
-        name, part, parts = _DOUBLE[m[2]]
-        return f"double_blocks.{m[1]}.{name}", part, parts
-    if m := re.fullmatch(r"single_transformer_blocks\.(\d+)\.(.+)", key):
-        name, part, parts = _SINGLE[m[2]]
-        return f"single_blocks.{m[1]}.{name}", part, parts
-    return _FIXED[key]
+_flux_target = block_target(_FIXED, DOUBLE, SINGLE)
 
 
 def to_flux_state_dict(transformer: torch.nn.Module, *, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """The BFL-layout state dict (no prefix) of a ``FluxTransformer2DModel``, on the CPU, in ``dtype`` if given."""
-    state = transformer.state_dict()
-    if any("lora_" in k or ".base_layer." in k for k in state):
-        raise ValueError("the transformer still has LoRA layers: fuse and unload them before saving a single file")
-    out = regroup(state, _flux_target, what="FLUX transformer", layout=LAYOUT, dtype=dtype)
-    for key in SWAPPED:
-        out[key] = swap_halves(out[key])
-    return out
+    return to_original_state_dict(transformer, _flux_target, what="FLUX transformer", layout=LAYOUT, dtype=dtype)
 
 
 def flux_architecture(transformer) -> str:
     """ModelSpec's name (as sd-scripts writes it): dev has the guidance embedding, schnell does not."""
     return "flux-1-dev" if transformer.config.get("guidance_embeds") else "flux-1-schnell"
-
-
-def _transformer(source, dtype: torch.dtype) -> torch.nn.Module:
-    """A transformer module, a pipeline that has one, or a diffusers folder (pipeline or transformer alone)."""
-    from trainer.families.components.lora_files import unwrap
-
-    if isinstance(source, (str, os.PathLike)):
-        from diffusers import FluxTransformer2DModel
-
-        folder = Path(source)
-        subfolder = "transformer" if (folder / "transformer" / "config.json").is_file() else None
-        if subfolder is None and not (folder / "config.json").is_file():
-            raise UserError(f"{folder} is neither a FLUX pipeline folder nor a transformer folder (no config.json)")
-        return FluxTransformer2DModel.from_pretrained(folder, subfolder=subfolder, dtype=dtype,
-                                                      local_files_only=True)
-    return unwrap(getattr(source, "transformer", source))
 
 
 def save_flux_single_file(
@@ -186,7 +102,7 @@ def save_flux_single_file(
     bf16 by default: FLUX.1 is published in bf16, and fp16's narrow range is where FLUX overflows. Written to a
     ``.partial`` file and renamed; returns the path written.
     """
-    transformer = _transformer(source, dtype)
-    header = {"modelspec.implementation": IMPLEMENTATION, **(metadata or {})}
-    return write_checkpoint(to_flux_state_dict(transformer, dtype=dtype), out_file, dtype=dtype,
-                            architecture=flux_architecture(transformer), metadata=header)
+    transformer = load_transformer(source, dtype, "FluxTransformer2DModel")
+    return save_original_file(to_flux_state_dict(transformer, dtype=dtype), out_file, dtype=dtype,
+                              architecture=flux_architecture(transformer), implementation=IMPLEMENTATION,
+                              metadata=metadata)

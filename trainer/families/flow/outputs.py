@@ -1,4 +1,4 @@
-"""The final files of an SD3 or FLUX run (rank 0, into `<run>/output/`).
+"""The final files of a flow-matching family's run (rank 0, into `<run>/output/`).
 
 A full fine-tune (the EMA weights, if `full.ema`):
 
@@ -9,8 +9,12 @@ A full fine-tune (the EMA weights, if `full.ema`):
   - FLUX: the transformer alone in Black Forest Labs' layout (as `flux1-dev.safetensors`: ComfyUI's
     "Load Diffusion Model", with the base model's VAE and text encoders; `trainer.families.flow.flux_checkpoint`);
   - SD3/3.5: Stability's single-file layout, MMDiT + VAE + CLIP-L + CLIP-G + T5 (ComfyUI's "Load Checkpoint",
-    `StableDiffusion3Pipeline.from_single_file`; `trainer.families.flow.sd3_checkpoint`).
-  Both come from the weights in memory (under FSDP `ctx.unwrap` gives rank 0's gathered copy, as for the folder)
+    `StableDiffusion3Pipeline.from_single_file`; `trainer.families.flow.sd3_checkpoint`);
+  - FLUX.1 Kontext: FLUX.1's file; Chroma: lodestones' layout (`trainer.families.chroma.checkpoint`); FLUX.2 [dev]
+    and [klein]: BFL's FLUX.2 layout (`trainer.families.flux2.checkpoint`), each ComfyUI's "Load Diffusion Model";
+  - Z-Image, Qwen-Image: none, their releases being diffusers folders; the hook raises a UserError that says so,
+    which save_flow_full logs as a warning and keeps the folder.
+  All come from the weights in memory (under FSDP `ctx.unwrap` gives rank 0's gathered copy, as for the folder)
   and are written to a `.partial` file and renamed.
 
 A LoRA:

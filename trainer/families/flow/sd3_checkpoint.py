@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from trainer.errors import UserError
-from trainer.families.flow.flux_checkpoint import Target, _linear, _qkv, regroup, swap_halves
 from trainer.families.components.ldm_checkpoint import clip_to_ldm, vae_to_ldm, write_checkpoint
+from trainer.families.components.original_layout import Target, linear, qkv, regroup, swap_halves
 
 if TYPE_CHECKING:
     from diffusers import SD3Transformer2DModel
@@ -59,34 +59,34 @@ COMPONENTS = tuple(PREFIXES)
 
 _FIXED: dict[str, Target] = {
     "pos_embed.pos_embed": ("pos_embed", 0, 1),
-    **_linear("pos_embed.proj", "x_embedder.proj"),
-    **_linear("time_text_embed.timestep_embedder.linear_1", "t_embedder.mlp.0"),
-    **_linear("time_text_embed.timestep_embedder.linear_2", "t_embedder.mlp.2"),
-    **_linear("time_text_embed.text_embedder.linear_1", "y_embedder.mlp.0"),
-    **_linear("time_text_embed.text_embedder.linear_2", "y_embedder.mlp.2"),
-    **_linear("context_embedder", "context_embedder"),
-    **_linear("proj_out", "final_layer.linear"),
-    **_linear("norm_out.linear", "final_layer.adaLN_modulation.1"),
+    **linear("pos_embed.proj", "x_embedder.proj"),
+    **linear("time_text_embed.timestep_embedder.linear_1", "t_embedder.mlp.0"),
+    **linear("time_text_embed.timestep_embedder.linear_2", "t_embedder.mlp.2"),
+    **linear("time_text_embed.text_embedder.linear_1", "y_embedder.mlp.0"),
+    **linear("time_text_embed.text_embedder.linear_2", "y_embedder.mlp.2"),
+    **linear("context_embedder", "context_embedder"),
+    **linear("proj_out", "final_layer.linear"),
+    **linear("norm_out.linear", "final_layer.adaLN_modulation.1"),
 }
 _BLOCK: dict[str, Target] = {
-    **_qkv("attn.", ("to_q", "to_k", "to_v"), "x_block.attn.qkv"),
-    **_qkv("attn.", ("add_q_proj", "add_k_proj", "add_v_proj"), "context_block.attn.qkv"),
-    **_qkv("attn2.", ("to_q", "to_k", "to_v"), "x_block.attn2.qkv"),
+    **qkv("attn.", ("to_q", "to_k", "to_v"), "x_block.attn.qkv"),
+    **qkv("attn.", ("add_q_proj", "add_k_proj", "add_v_proj"), "context_block.attn.qkv"),
+    **qkv("attn2.", ("to_q", "to_k", "to_v"), "x_block.attn2.qkv"),
     "attn.norm_q.weight": ("x_block.attn.ln_q.weight", 0, 1),
     "attn.norm_k.weight": ("x_block.attn.ln_k.weight", 0, 1),
     "attn.norm_added_q.weight": ("context_block.attn.ln_q.weight", 0, 1),
     "attn.norm_added_k.weight": ("context_block.attn.ln_k.weight", 0, 1),
     "attn2.norm_q.weight": ("x_block.attn2.ln_q.weight", 0, 1),
     "attn2.norm_k.weight": ("x_block.attn2.ln_k.weight", 0, 1),
-    **_linear("attn.to_out.0", "x_block.attn.proj"),
-    **_linear("attn.to_add_out", "context_block.attn.proj"),
-    **_linear("attn2.to_out.0", "x_block.attn2.proj"),
-    **_linear("norm1.linear", "x_block.adaLN_modulation.1"),
-    **_linear("norm1_context.linear", "context_block.adaLN_modulation.1"),
-    **_linear("ff.net.0.proj", "x_block.mlp.fc1"),
-    **_linear("ff.net.2", "x_block.mlp.fc2"),
-    **_linear("ff_context.net.0.proj", "context_block.mlp.fc1"),
-    **_linear("ff_context.net.2", "context_block.mlp.fc2"),
+    **linear("attn.to_out.0", "x_block.attn.proj"),
+    **linear("attn.to_add_out", "context_block.attn.proj"),
+    **linear("attn2.to_out.0", "x_block.attn2.proj"),
+    **linear("norm1.linear", "x_block.adaLN_modulation.1"),
+    **linear("norm1_context.linear", "context_block.adaLN_modulation.1"),
+    **linear("ff.net.0.proj", "x_block.mlp.fc1"),
+    **linear("ff.net.2", "x_block.mlp.fc2"),
+    **linear("ff_context.net.0.proj", "context_block.mlp.fc1"),
+    **linear("ff_context.net.2", "context_block.mlp.fc2"),
 }
 
 

@@ -131,12 +131,11 @@ class Flux2Hooks(FlowFamily):
                 "modelspec.prediction_type": "flow"}
 
     def save_single_file(self, transformer: torch.nn.Module, path: Path, metadata: dict) -> Path:
-        from trainer.errors import UserError
+        """The transformer alone in BFL's layout (as flux2-dev.safetensors and klein's files; trainer.families
+        .flux2.checkpoint): ComfyUI's "Load Diffusion Model", or Flux2Transformer2DModel.from_single_file."""
+        from trainer.families.flux2.checkpoint import save_flux2_single_file
 
-        # BFL's layout (fused qkv, double_blocks/single_blocks) has no writer here yet; the diffusers folder holds
-        # the whole model, and save_flow_full keeps it with this reason as a warning.
-        raise UserError("FLUX.2's single-file layout is not written yet; load output/diffusers with the diffusers "
-                        "pipeline's from_pretrained, or set full.save_single_file=false")
+        return save_flux2_single_file(transformer, path, architecture=self.name, metadata=metadata)
 
 
 class Flux2Family(Flux2Hooks):

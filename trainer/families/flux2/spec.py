@@ -7,7 +7,7 @@ from trainer.core.family_spec import FLOW_FROZEN_ON_RESUME, FLOW_PATH_KEYS, FLOW
 
 _EXPORTS = ("LoRA: output/pytorch_lora_weights.safetensors (diffusers) and a ComfyUI file (the diffusers "
             "transformer.* lora_A/lora_B keys with an alpha each, which ComfyUI's Flux key map names)",
-            "full: a diffusers folder (no single file yet)")
+            "full: a diffusers folder and BFL's single-file layout (as flux2-dev.safetensors)")
 
 FLUX2 = FamilySpec(
     name="flux2",

@@ -181,7 +181,10 @@ class QwenImageFamily(FlowFamily):
     def save_single_file(self, transformer: torch.nn.Module, path: Path, metadata: dict) -> Path:
         from trainer.errors import UserError
 
-        # ComfyUI's Qwen-Image diffusion model file uses diffusers' names; not written yet (save_flow_full keeps the
-        # diffusers folder and logs this reason).
-        raise UserError("Qwen-Image's single file is not written yet; load output/diffusers with "
-                        "QwenImagePipeline.from_pretrained, or set full.save_single_file=false")
+        # Qwen release Qwen-Image as a diffusers folder only (huggingface.co/Qwen/Qwen-Image: transformer/ shards and
+        # config.json); ComfyUI's file (Comfy-Org's repackaging) keeps diffusers' names, which diffusers reads back
+        # unchanged (single_file_model.py: QwenImageTransformer2DModel's mapping is the identity). The folder is the
+        # release's own layout, and save_flow_full keeps it with this reason as a warning.
+        raise UserError("Qwen-Image's original release is a diffusers folder (Qwen/Qwen-Image), so output/diffusers "
+                        "is the model in its published layout: load it with QwenImagePipeline.from_pretrained; set "
+                        "full.save_single_file=false to skip this note")

@@ -18,7 +18,7 @@ QWENIMAGE = FamilySpec(
     frozen_on_resume=FLOW_FROZEN_ON_RESUME,
     exports=("LoRA: output/pytorch_lora_weights.safetensors (diffusers) and a kohya/ComfyUI file "
              "(lora_unet_transformer_blocks_... keys, with alphas)",
-             "full: a diffusers folder (no single file yet)"),
+             "full: a diffusers folder, the release's own layout (no original single file)"),
     demo_preset="demo-qwenimage.yaml",
     demo_assets={"tiny-qwenimage": "trainer.families.qwenimage.demo:ensure_tiny_qwenimage"},
     section="flow",

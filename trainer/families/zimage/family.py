@@ -123,7 +123,10 @@ class ZImageFamily(FlowFamily):
     def save_single_file(self, transformer: torch.nn.Module, path: Path, metadata: dict) -> Path:
         from trainer.errors import UserError
 
-        # The original layout (fused qkv, ComfyUI's names) has no writer here yet; the diffusers folder holds the
-        # whole model, and save_flow_full keeps it with this reason as a warning.
-        raise UserError("Z-Image's single-file layout is not written yet; load output/diffusers with "
-                        "ZImagePipeline.from_pretrained, or set full.save_single_file=false")
+        # Tongyi-MAI release Z-Image as a diffusers folder only (huggingface.co/Tongyi-MAI/Z-Image-Turbo: transformer/
+        # shards and config.json, no original-layout file); the single file ComfyUI loads is Comfy-Org's
+        # repackaging in its Lumina2 names (comfy/utils.py z_image_to_diffusers), not a release format. The folder
+        # is the release's own layout, and save_flow_full keeps it with this reason as a warning.
+        raise UserError("Z-Image's original release is a diffusers folder (Tongyi-MAI/Z-Image-Turbo), so output/"
+                        "diffusers is the model in its published layout: load it with ZImagePipeline."
+                        "from_pretrained; set full.save_single_file=false to skip this note")

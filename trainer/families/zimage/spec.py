@@ -18,7 +18,7 @@ ZIMAGE = FamilySpec(
     frozen_on_resume=FLOW_FROZEN_ON_RESUME,
     exports=("LoRA: output/pytorch_lora_weights.safetensors (diffusers) and a ComfyUI file "
              "(diffusion_model.layers... lora_A/lora_B/alpha keys, ComfyUI's Lumina2 key map)",
-             "full: a diffusers folder (no single file yet)"),
+             "full: a diffusers folder, the release's own layout (no original single file)"),
     demo_preset="demo-zimage.yaml",
     demo_assets={"tiny-zimage": "trainer.families.zimage.demo:ensure_tiny_zimage"},
     section="flow",
