@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
 
 import gradio as gr
 import pandas as pd
 
 from app import runs as R
+from trainer.core.event_types import DoneEvent, FailedEvent
 from trainer.core.telemetry import LAG_MARGIN
 from trainer.errors import UserError
 
@@ -141,12 +144,11 @@ def eval_html(view: R.RunView | None) -> str:
              f'{images}</div><div class="eval-metrics">{metrics}</div>']
     best = view.best
     if best is not None:
-        metric = str(best.get("metric", ""))
-        value = R.as_number(best.get("value"))
+        metric, value = best.metric, best.value
         shown = "–" if value is None else R.fmt_metric(metric, value)
-        where = html.escape(str(best.get("path") or "checkpoints/best"))
-        parts.append(f'<div class="eval-best" data-step="{best.get("step")}">★ Best so far: step '
-                     f'<b>{best.get("step")}</b> ({html.escape(R.metric_label(metric))} {shown}), its weights kept in '
+        where = html.escape(best.path or "checkpoints/best")
+        parts.append(f'<div class="eval-best" data-step="{best.step}">★ Best so far: step '
+                     f'<b>{best.step}</b> ({html.escape(R.metric_label(metric))} {shown}), its weights kept in '
                      f'<code>{where}/</code></div>')
     rows = R.per_class_rows(latest)
     if rows:
@@ -235,7 +237,7 @@ def links_html(view: R.RunView) -> str:
     board = view.path / "tensorboard"
     if board.is_dir():
         links.append(f"TensorBoard: <code>tensorboard --logdir {html.escape(str(board))}</code>")
-    hub = (view.final or {}).get("hub") if view.status == "done" else None
+    hub = view.final.hub if isinstance(view.final, DoneEvent) and view.status == "done" else None
     if isinstance(hub, str) and hub.startswith(("https://", "http://")):
         url = html.escape(hub, quote=True)
         links.append(f'Hub: <a href="{url}" target="_blank" rel="noopener noreferrer">{url}</a>')
@@ -249,70 +251,105 @@ def failed_html(view: R.RunView | None) -> str:
         reason = ("The run's processes are gone but it wrote no final event (the UI or machine that started it "
                   "was restarted while it ran). Resume continues from its newest checkpoint.")
     else:
-        reason = str((view.final or {}).get("reason", "no reason given"))
+        reason = view.final.reason if isinstance(view.final, FailedEvent) else "no reason given"
     return (f'<div class="msg-box error"><b>Why it failed</b><pre class="reason">{html.escape(reason)}</pre>'
             f'<div>Fix what it names, then press <b>Resume</b> (continues from the newest checkpoint) or start a new run.</div></div>')
+
+
+@dataclass(frozen=True)
+class Shown:
+    """What every output is computed from: the runs, and the selected one (None when none is)."""
+    views: list[R.RunView]
+    view: R.RunView | None
+    runs_dir: Path
+
+
+def _visible(value) -> dict:
+    return gr.update(value=value, visible=bool(value))
+
+
+def _interactive(on: bool) -> dict:
+    return gr.update(interactive=on)
+
+
+def _as_is(value):
+    return value
+
+
+@dataclass(frozen=True)
+class Output:
+    """One output of the Runs tab, declared once: the RunsTab field it updates, what it shows (compared with what
+    is on screen, so it is sent only when it changed) and the update that shows it."""
+    name: str
+    value: Callable[[Shown], Any]
+    update: Callable[[Any], Any] = _as_is
+
+
+def _loss_update(value) -> dict:
+    losses, evaluated = value
+    # Drawn (made visible) with their first point: Vega sizes the axes on the first draw.
+    return gr.update(value=_loss_frame(dict(losses), evaluated), visible=bool(losses or evaluated))
+
+
+def _samples_update(value) -> dict:
+    samples, columns = value
+    return gr.update(value=list(samples) or None, columns=columns)
+
+
+def _running(s: Shown) -> bool:
+    return s.view is not None and s.view.status == "running"
+
+
+def _ended(s: Shown) -> bool:
+    return s.view is not None and not s.view.active
+
+
+# The Runs tab's outputs, in the order Gradio gets them: a new panel is one line here (and its component in build).
+OUTPUTS: tuple[Output, ...] = (
+    Output("table", lambda s: R.queue_rows(s.runs_dir) + R.run_rows(s.views), lambda v: gr.update(value=v)),
+    Output("select", lambda s: (tuple(v.name for v in s.views), s.view.name if s.view else None),
+           lambda v: gr.update(choices=list(v[0]), value=v[1])),
+    Output("header", lambda s: header_html(s.view)),
+    Output("failed", lambda s: failed_html(s.view), _visible),
+    Output("progress", lambda s: progress_html(s.view)),
+    Output("stop", _running, _interactive),
+    Output("resume", _ended, _interactive),
+    Output("delete", _ended, _interactive),
+    Output("kill", lambda s: s.view is not None and s.view.active, _interactive),
+    Output("loss_plot", lambda s: (tuple(sorted(s.view.losses.items())), tuple(R.eval_losses(s.view)))
+           if s.view else ((), ()), _loss_update),
+    Output("lr_plot", lambda s: tuple(sorted(s.view.lrs.items())) if s.view else (),
+           lambda v: gr.update(value=_frame(dict(v), "lr"), visible=bool(v))),
+    Output("eval_plot", lambda s: tuple(R.eval_series(s.view)) if s.view else (),
+           lambda v: gr.update(value=_eval_frame(v), visible=bool(v))),
+    Output("eval_info", lambda s: eval_html(s.view), _visible),
+    Output("latest", lambda s: tuple(R.latest_samples(s.view)) if s.view else (),
+           lambda v: gr.update(value=list(v) or None)),
+    Output("every", lambda s: (tuple(R.all_samples(s.view)), _columns(R.prompt_count(s.view))) if s.view else ((), 4),
+           _samples_update),
+    Output("outputs", lambda s: tuple(R.output_files(s.view.path)) if s.view and s.view.status == "done" else (),
+           lambda v: gr.update(value=list(v) or None, visible=bool(v))),
+    Output("log", lambda s: R.log_tail(s.view.path, LOG_LINES) if s.view else ""),
+)
+# What render() updates, in its order: the outputs, then `seen` (what they show now).
+OUTPUT_NAMES = (*(o.name for o in OUTPUTS), "seen")
 
 
 def snapshot(ctx, name: str | None) -> dict:
     """Every output's content for run `name`, keyed by output name."""
     views = R.list_runs(ctx.jobs.runs_dir)
-    names = [v.name for v in views]
-    view = next((v for v in views if v.name == name), None)
-    data = {
-        "table": R.queue_rows(ctx.jobs.runs_dir) + R.run_rows(views),
-        "select": (tuple(names), name if view else None),
-        "header": header_html(view),
-        "failed": failed_html(view),
-        "progress": progress_html(view),
-        "buttons": (view.status == "running" if view else False,
-                    (not view.active) if view else False,
-                    (not view.active) if view else False,
-                    view.active if view else False),
-        "loss": tuple(sorted(view.losses.items())) if view else (),
-        "val_loss": tuple(R.eval_losses(view)) if view else (),
-        "lr": tuple(sorted(view.lrs.items())) if view else (),
-        "eval_plot": tuple(R.eval_series(view)) if view else (),
-        "eval": eval_html(view),
-        "latest": tuple(R.latest_samples(view)) if view else (),
-        "every": tuple(R.all_samples(view)) if view else (),
-        "columns": _columns(R.prompt_count(view)) if view else 4,
-        "outputs": tuple(R.output_files(view.path)) if view and view.status == "done" else (),
-        "log": R.log_tail(view.path, LOG_LINES) if view else "",
-    }
-    return data
+    shown = Shown(views, next((v for v in views if v.name == name), None), Path(ctx.jobs.runs_dir))
+    return {o.name: o.value(shown) for o in OUTPUTS}
 
 
 def render(data: dict, seen: dict) -> list:
-    """Updates for RunsTab.outputs() (gr.skip() for what did not change since `seen`)."""
-    def changed(key):
-        return seen.get(key) != data[key]
+    """Updates for RunsTab.outputs() (gr.skip() for what did not change since `seen`), then the new `seen`."""
+    return [o.update(data[o.name]) if seen.get(o.name) != data[o.name] else gr.skip() for o in OUTPUTS] + [dict(data)]
 
-    names, selected = data["select"]
-    stop_on, resume_on, delete_on, kill_on = data["buttons"]
-    out = [
-        gr.update(value=data["table"]) if changed("table") else gr.skip(),
-        gr.update(choices=list(names), value=selected) if changed("select") else gr.skip(),
-        data["header"] if changed("header") else gr.skip(),
-        gr.update(value=data["failed"], visible=bool(data["failed"])) if changed("failed") else gr.skip(),
-        data["progress"] if changed("progress") else gr.skip(),
-        *([gr.update(interactive=stop_on), gr.update(interactive=resume_on), gr.update(interactive=delete_on),
-           gr.update(interactive=kill_on)] if changed("buttons") else [gr.skip()] * 4),
-        # Drawn (made visible) with their first point: Vega sizes the axes on the first draw.
-        gr.update(value=_loss_frame(dict(data["loss"]), data["val_loss"]),
-                  visible=bool(data["loss"] or data["val_loss"])) if changed("loss") or changed("val_loss") else gr.skip(),
-        gr.update(value=_frame(dict(data["lr"]), "lr"), visible=bool(data["lr"])) if changed("lr") else gr.skip(),
-        gr.update(value=_eval_frame(data["eval_plot"]), visible=bool(data["eval_plot"]))
-        if changed("eval_plot") else gr.skip(),
-        gr.update(value=data["eval"], visible=bool(data["eval"])) if changed("eval") else gr.skip(),
-        gr.update(value=list(data["latest"]) or None) if changed("latest") else gr.skip(),
-        gr.update(value=list(data["every"]) or None, columns=data["columns"])
-        if changed("every") or changed("columns") else gr.skip(),
-        gr.update(value=list(data["outputs"]) or None, visible=bool(data["outputs"])) if changed("outputs") else gr.skip(),
-        data["log"] if changed("log") else gr.skip(),
-        {k: v for k, v in data.items()},
-    ]
-    return out
+
+def by_name(updates: list) -> dict:
+    """render()'s updates keyed by output name."""
+    return dict(zip(OUTPUT_NAMES, updates))
 
 
 def refresh(ctx, name: str | None, seen: dict | None) -> list:
@@ -330,11 +367,6 @@ def tick(ctx, name: str | None, seen: dict | None) -> list:
     if R.fingerprint(ctx.jobs.runs_dir, name) == (seen or {}).get("fingerprint"):
         return [gr.skip()] * len(OUTPUT_NAMES)
     return refresh(ctx, name, seen)
-
-
-# What render() updates, in its order.
-OUTPUT_NAMES = ("table", "select", "header", "failed", "progress", "stop", "resume", "delete", "kill", "loss_plot",
-                "lr_plot", "eval_plot", "eval_info", "latest", "every", "outputs", "log", "seen")
 
 
 def outputs_of(t: RunsTab) -> list:

@@ -218,7 +218,7 @@ def test_a_hand_made_run_folder_reads_into_the_runs_page(tmp_path):
         {"type": "failed", "reason": "Rank 0 was killed by SIGKILL. Lower batch.per_device."},
     ])
     view = read_run(run, EventCache())
-    assert view.status == "failed" and "SIGKILL" in view.final["reason"]
+    assert view.status == "failed" and "SIGKILL" in view.final.reason
     assert (view.step, view.steps, view.family, view.method) == (3, 12, "sd", "lora")
     assert view.losses == {1: 0.9, 2: 0.8, 3: 0.65}  # a step trained again after resuming replaces the old point
     assert view.it_per_s == pytest.approx(2.0)  # samples/s over the batch
@@ -307,7 +307,8 @@ def test_runs_page_sends_only_what_changed(tmp_path):
     ctx = type("Ctx", (), {"jobs": Jobs(tmp_path, HardwareCache(hw=CPU))})()
     data = ui_runs.snapshot(ctx, "r")
     assert "step <b class='step' data-step='1'>1</b> / 10" in data["progress"] and "loss 0.9000" in data["progress"]
-    assert data["buttons"] == (False, True, True, False)  # ended without a final event, no pid: resumable
+    # ended without a final event, no pid: resumable
+    assert [data[b] for b in ("stop", "resume", "delete", "kill")] == [False, True, True, False]
     done = write_run(tmp_path, "d", [PLAN, progress(10, 0.5), {"type": "done", "step": 10, "outputs": []}])
     (done / "output" / "diffusers").mkdir(parents=True)
     (done / "output" / "pytorch_lora_weights.safetensors").write_bytes(b"x" * 10)
@@ -351,7 +352,7 @@ def detection_run(tmp_path):
 def test_detection_runs_show_map_per_class_ap_and_the_best_step(detection_run):
     view = read_run(detection_run, EventCache())
     assert (view.status, view.family, sorted(view.evals)) == ("done", "detection", [5, 10])
-    assert view.best["step"] == 5 and view.best["metric"] == "map"
+    assert view.best.step == 5 and view.best.metric == "map"
     assert eval_series(view) == [(5, "mAP", 0.42), (5, "mAP50", 0.61), (10, "mAP", 0.4), (10, "mAP50", 0.58)]
     assert per_class_rows(view.evals[10]) == [("circle", 0.5, 0.75), ("square", 0.3, 0.41), ("<tri>", None, None)]
 
@@ -367,17 +368,17 @@ def test_detection_runs_show_map_per_class_ap_and_the_best_step(detection_run):
     ctx = type("Ctx", (), {"jobs": Jobs(detection_run.parent, HardwareCache(hw=CPU))})()
     data = ui_runs.snapshot(ctx, "detector")
     assert data["eval_plot"] == tuple(eval_series(view))
-    box = data["eval"]
+    box = data["eval_info"]
     assert "step <b class=\"eval-step\">10</b> on 8 validation images" in box
     assert "mAP <b>0.400</b> · mAP50 <b>0.580</b> · mAP75 <b>0.360</b> · mAR100 <b>0.464</b>" in box
     assert "Best so far: step <b>5</b> (mAP 0.420)" in box and "checkpoints/best/" in box
     assert "<td>circle</td><td>0.500</td><td>0.750</td>" in box
     assert "<td>&lt;tri&gt;</td><td>–</td><td>–</td>" in box  # a class without ground truth: no AP, escaped
-    assert data["columns"] == 6  # three images per step (two predictions, the curve): two steps a row
-    updates = dict(zip(["eval_plot", "eval"], ui_runs.render(data, {})[11:13]))
+    assert data["every"][1] == 6  # three images per step (two predictions, the curve): two steps a row
+    updates = ui_runs.by_name(ui_runs.render(data, {}))
     assert updates["eval_plot"]["visible"] is True and list(updates["eval_plot"]["value"].columns) == \
         ["step", "metric", "value"]
-    assert updates["eval"]["visible"] is True and updates["eval"]["value"] == box
+    assert updates["eval_info"]["visible"] is True and updates["eval_info"]["value"] == box
 
 
 def test_runs_without_evaluations_show_no_evaluation_row(tmp_path):
@@ -387,9 +388,9 @@ def test_runs_without_evaluations_show_no_evaluation_row(tmp_path):
     write_run(tmp_path, "sd", [PLAN, progress(1, 0.9), sample(1, 0, "a cat")])
     ctx = type("Ctx", (), {"jobs": Jobs(tmp_path, HardwareCache(hw=CPU))})()
     data = ui_runs.snapshot(ctx, "sd")
-    assert data["eval_plot"] == () and data["eval"] == ""
-    eval_plot, eval_box = ui_runs.render(data, {})[11:13]
-    assert eval_plot["visible"] is False and eval_box["visible"] is False
+    assert data["eval_plot"] == () and data["eval_info"] == ""
+    updates = ui_runs.by_name(ui_runs.render(data, {}))
+    assert updates["eval_plot"]["visible"] is False and updates["eval_info"]["visible"] is False
     # An evaluation without a best metric or classes (another family's metrics) still shows its numbers.
     run = write_run(tmp_path, "other", [PLAN, {"type": "eval", "step": 4, "fid": 31.5, "note": "x"}])
     view = read_run(run, EventCache())

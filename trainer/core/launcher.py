@@ -33,7 +33,8 @@ from pathlib import Path
 from trainer.core.config import Config, to_yaml
 from trainer.core.config.validate import parse_devices
 from trainer.core.checkpoint import Checkpoint, latest_checkpoint
-from trainer.core.events import EventLog, final_event, read_events
+from trainer.core.events import (DoneEvent, Event, EventLog, FailedEvent, PlanEvent, StoppedEvent, WarningEvent,
+                                 final_event, read_events)
 from trainer.core.hardware import Hardware
 from trainer.core.plan import Plan, make_plan
 from trainer.core.proctree import kill_tree
@@ -118,8 +119,8 @@ def prepare_run(config: Config, runs_dir: str | Path, hw: Hardware | None = None
         RunLock(run_dir).acquire()  # handed to torchrun by start_run, released when its workers end
         write_atomic(folder.config, to_yaml(config))
         write_atomic(folder.plan, json.dumps(plan.event(), indent=2) + "\n")
-        EventLog(run_dir, echo=launcher_echo(run_dir)).emit("plan", **plan.event(),
-                                                            node_rank=config.distributed.node_rank)
+        EventLog(run_dir, echo=launcher_echo(run_dir)).emit(
+            PlanEvent.of(plan.event(), node_rank=config.distributed.node_rank))
     except OSError as exc:
         # A half-made folder would list as a broken run and keep its name taken.
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -300,7 +301,7 @@ class RunProcess:
             return
         warning, reason = self.stall.check(time.time())
         if warning:
-            EventLog(self.run_dir, echo=launcher_echo(self.run_dir)).emit("warning", message=warning)
+            EventLog(self.run_dir, echo=launcher_echo(self.run_dir)).emit(WarningEvent(message=warning))
         if reason:
             ckpt = latest_checkpoint(self.run_dir)
             where = (f"continue from its last checkpoint ({ckpt.path.relative_to(self.run_dir)}) with: python "
@@ -318,18 +319,20 @@ class RunProcess:
             # Global rank 0 (node 0) writes the run's events; this node's folder still needs an ending.
             note = "the run's events, samples, checkpoints and outputs are in node 0's run folder"
             if returncode == 0:
-                kind = "stopped" if RunFolder(self.run_dir).stop_file.exists() else "done"
-                extra: dict[str, object] = {"checkpoint": None} if kind == "stopped" else {"outputs": []}
-                message = f"node {self.node_rank} finished; {note}"
-                return log.emit(kind, node_rank=self.node_rank, message=message, **extra)
+                extra = {"node_rank": self.node_rank, "message": f"node {self.node_rank} finished; {note}"}
+                ending: Event = (StoppedEvent(extra=extra) if RunFolder(self.run_dir).stop_file.exists()
+                                 else DoneEvent(extra=extra))
+                return log.emit(ending)
         if self.stalled:
-            return log.emit("failed", exitcode=returncode, reason=self.stalled)
+            return log.emit(FailedEvent(exitcode=returncode, reason=self.stalled, killed=True))
         if self.killed:
-            return log.emit("failed", exitcode=returncode, reason=(
+            return log.emit(FailedEvent(exitcode=returncode, killed=True, reason=(
                 "The run was killed on request before it could stop gracefully; continue it from its last "
-                f"checkpoint with: python launch.py --resume {self.run_dir}"))
-        return log.emit("failed", **describe_failure(self.run_dir, returncode, self.log_offset, self.node_rank,
-                                                     single_process=single_process(self.plan)))
+                f"checkpoint with: python launch.py --resume {self.run_dir}")))
+        failure = describe_failure(self.run_dir, returncode, self.log_offset, self.node_rank,
+                                   single_process=single_process(self.plan))
+        return log.emit(FailedEvent(reason=failure.pop("reason"), exitcode=failure.pop("exitcode", returncode),
+                                    extra=failure))
 
 
 def start_run(
