@@ -15,7 +15,8 @@ import gradio as gr
 import pandas as pd
 
 from app import runs as R
-from trainer.core.event_types import DoneEvent, FailedEvent
+from trainer.core.checkpoint import latest_checkpoint
+from trainer.core.event_types import DoneEvent, FailedEvent, StoppedEvent
 from trainer.core.telemetry import LAG_MARGIN
 from trainer.errors import UserError
 
@@ -44,6 +45,10 @@ class RunsTab:
     confirm_text: gr.Markdown
     confirm_yes: gr.Button
     confirm_no: gr.Button
+    kill_row: gr.Row
+    kill_text: gr.Markdown
+    kill_yes: gr.Button
+    kill_no: gr.Button
     message: gr.HTML
     loss_plot: gr.LinePlot
     lr_plot: gr.LinePlot
@@ -79,6 +84,10 @@ def build(ctx) -> RunsTab:
         confirm_text = gr.Markdown("")
         confirm_yes = gr.Button("Yes, delete it", variant="stop", elem_id="confirm-delete", size="md")
         confirm_no = gr.Button("Cancel", elem_id="cancel-delete", size="md")
+    with gr.Row(visible=False, elem_id="confirm-kill-row", elem_classes=["msg-box", "warning"]) as kill_row:
+        kill_text = gr.Markdown("")
+        kill_yes = gr.Button("Yes, kill it", variant="stop", elem_id="confirm-kill", size="md")
+        kill_no = gr.Button("Cancel", elem_id="cancel-kill", size="md")
     message = gr.HTML("", elem_id="run-message")
     with gr.Row():
         # Each step's loss and its moving average: the trend a newcomer looks for under the timestep noise; with
@@ -106,7 +115,7 @@ def build(ctx) -> RunsTab:
         log = gr.Textbox(show_label=False, lines=14, max_lines=LOG_LINES + 10, interactive=False, autoscroll=True,
                          elem_id="run-log")
     return RunsTab(table, select, header, failed, progress, stop, resume, resume_overrides, delete, kill, confirm_row,
-                   confirm_text, confirm_yes, confirm_no, message, loss_plot, lr_plot, eval_plot, eval_info, latest, every,
+                   confirm_text, confirm_yes, confirm_no, kill_row, kill_text, kill_yes, kill_no, message, loss_plot, lr_plot, eval_plot, eval_info, latest, every,
                    outputs, log, gr.State({}), gr.Timer(POLL_S))
 
 
@@ -175,7 +184,8 @@ def progress_html(view: R.RunView | None) -> str:
     if view.active and not view.has_progress:
         parts.append("starting: loading the model (this takes a little while)")
     if view.status == "stopped":
-        parts.append("checkpoint saved: Resume continues from here")
+        saved = not isinstance(view.final, StoppedEvent) or view.final.checkpoint is not None
+        parts.append("checkpoint saved: Resume continues from here" if saved else "stopped before any checkpoint")
     if view.it_per_s:
         parts.append(f"{view.it_per_s:.2f} it/s")
     if view.active and view.eta_s is not None and view.has_progress:
@@ -244,16 +254,30 @@ def links_html(view: R.RunView) -> str:
     return "".join(f"<div class='run-note run-link'>{link}</div>" for link in links)
 
 
+def resume_hint(view: R.RunView) -> str:
+    """Where Resume would continue from, read from the checkpoints on disk (not assumed)."""
+    ckpt = latest_checkpoint(view.path)
+    if ckpt is None:
+        return ("It saved no checkpoint, so Resume cannot continue it: start it again from the <b>New run</b> tab "
+                "(or Delete it).")
+    where = html.escape(str(ckpt.path.relative_to(view.path)))
+    return f"<b>Resume</b> continues from its newest checkpoint, <code>{where}</code> (step {ckpt.step})."
+
+
 def failed_html(view: R.RunView | None) -> str:
     if view is None or view.status not in ("failed", "unknown"):
         return ""
+    killed = isinstance(view.final, FailedEvent) and view.final.killed
     if view.status == "unknown":
-        reason = ("The run's processes are gone but it wrote no final event (the UI or machine that started it "
-                  "was restarted while it ran). Resume continues from its newest checkpoint.")
+        title = "It ended without a word"
+        reason = ("Its processes are gone and wrote no final event: they were killed from outside (SIGKILL, out of "
+                  "memory) or the machine went down. train.log's last lines may say more.")
     else:
+        title = "Killed" if killed else "Why it failed"
         reason = view.final.reason if isinstance(view.final, FailedEvent) else "no reason given"
-    return (f'<div class="msg-box error"><b>Why it failed</b><pre class="reason">{html.escape(reason)}</pre>'
-            f'<div>Fix what it names, then press <b>Resume</b> (continues from the newest checkpoint) or start a new run.</div></div>')
+    todo = "" if killed or view.status == "unknown" else "Fix what it names, then: "
+    return (f'<div class="msg-box error"><b>{title}</b><pre class="reason">{html.escape(reason)}</pre>'
+            f'<div class="resume-hint">{todo}{resume_hint(view)}</div></div>')
 
 
 @dataclass(frozen=True)
@@ -373,6 +397,19 @@ def outputs_of(t: RunsTab) -> list:
     return [getattr(t, name) for name in OUTPUT_NAMES]
 
 
+def ask_kill(ctx, name: str | None):
+    """The Kill confirmation: what a kill loses, from the checkpoints on disk."""
+    try:
+        run_dir = ctx.jobs.run_dir(name or "")
+    except UserError:
+        return gr.skip(), gr.skip()
+    ckpt = latest_checkpoint(run_dir)
+    kept = (f"its newest checkpoint is step {ckpt.step}; the steps after it are lost" if ckpt else
+            "it has saved no checkpoint yet, so it cannot be resumed afterwards")
+    return gr.update(visible=True), (f"Kill run **{name}** now? Its processes get SIGTERM, then SIGKILL after 10 "
+                                     f"seconds; {kept}. **Stop** ends it after this step with a checkpoint instead.")
+
+
 def pick_default(ctx) -> str | None:
     """The run a freshly opened page follows: the newest running one, else the newest."""
     views = R.list_runs(ctx.jobs.runs_dir)
@@ -418,9 +455,15 @@ def wire(ctx, t: RunsTab) -> None:
                 show_progress="hidden")
     t.stop.click(act(ctx.jobs.stop, "Stopping {name}: it saves a checkpoint at the end of this step, then shows "
                                     "'stopped'."), inputs=[t.select], outputs=[t.message]).then(**then)
-    t.kill.click(act(ctx.jobs.kill, "Killing {name}: its processes get SIGTERM now (they save a checkpoint if they "
-                                    "still can) and SIGKILL after 10 seconds."),
-                 inputs=[t.select], outputs=[t.message]).then(**then)
+    t.kill.click(lambda name: ask_kill(ctx, name), inputs=[t.select], outputs=[t.kill_row, t.kill_text])
+    t.kill_no.click(lambda: gr.update(visible=False), outputs=[t.kill_row])
+
+    def do_kill(name):
+        message = act(ctx.jobs.kill, "Killing {name}: SIGTERM now, SIGKILL after 10 seconds; the box above says "
+                                     "how it ended.")(name)
+        return gr.update(visible=False), message
+
+    t.kill_yes.click(do_kill, inputs=[t.select], outputs=[t.kill_row, t.message]).then(**then)
 
     def do_resume(name, overrides):
         ctx.jobs.resume(name, (overrides or "").split())

@@ -299,6 +299,45 @@ def test_the_run_header_links_the_tensorboard_folder_and_the_hub_repo_and_escape
     assert "Hub:" not in ui_runs.header_html(read_run(planted, EventCache()))
 
 
+def test_a_killed_run_says_it_was_killed_and_where_it_can_go_on_from(tmp_path):
+    """Kill is confirmed first, naming what it loses; afterwards the page says Kill ended it and names the
+    checkpoint Resume would use only if there is one (no "UI restarted", no checkpoint that does not exist)."""
+    import subprocess
+    import sys
+
+    from app import ui_runs
+    from app.jobs import HardwareCache, Jobs
+    from trainer.core.launcher import kill_run
+    from trainer.core.runlock import identity
+
+    ctx = type("Ctx", (), {"jobs": Jobs(tmp_path, HardwareCache(hw=CPU))})()
+    # A run whose launcher is another process that does not write an ending (a UI restarted since it started it).
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        run = write_run(tmp_path, "k", [PLAN, progress(1, 0.9)])
+        (run / "launcher.pid").write_text(identity(sleeper.pid))
+        shown, text = ui_runs.ask_kill(ctx, "k")
+        assert shown["visible"] is True and "Kill run **k** now?" in text and "no checkpoint yet" in text
+        assert kill_run(run, grace_s=5) and sleeper.wait(timeout=10) is not None
+    finally:
+        sleeper.kill()
+    view = read_run(run, EventCache())
+    assert view.status == "failed" and view.final.killed
+    box = ui_runs.failed_html(view)
+    assert "<b>Killed</b>" in box and "saved no checkpoint" in box and "restarted" not in box
+    assert "Resume</b> continues" not in box and "Fix what it names" not in box
+
+    # With a checkpoint on disk, both the confirmation and the box name it.
+    (run / "checkpoints" / "step-000003").mkdir(parents=True)
+    (run / "checkpoints" / "step-000003" / "COMPLETE").write_text("")
+    assert "newest checkpoint is step 3" in ui_runs.ask_kill(ctx, "k")[1]
+    assert "<code>checkpoints/step-000003</code> (step 3)" in ui_runs.failed_html(read_run(run, EventCache()))
+    # A run whose processes vanished without a word: told so, without guessing a UI restart.
+    gone = read_run(write_run(tmp_path, "gone", [PLAN, progress(1, 0.9)]), EventCache())
+    assert gone.status == "unknown" and "restarted" not in ui_runs.failed_html(gone)
+    assert "saved no checkpoint" in ui_runs.failed_html(gone)
+
+
 def test_runs_page_sends_only_what_changed(tmp_path):
     from app import ui_runs
     from app.jobs import HardwareCache, Jobs

@@ -234,10 +234,16 @@ def scenario(page, app, stage):
     stage("progress after reload")
 
     # Kill: SIGTERM to the process group (the workers still save a checkpoint when they can), SIGKILL later.
+    # Asked first, naming what a kill loses; afterwards the page says truly how it ended.
     page.click("#kill-button")
+    wait_text(page, "#confirm-kill-row", "Kill run browser-test now?")
+    page.click("#confirm-kill")
     wait_text(page, "#run-message", "Killing browser-test")
     wait_for(page, "['stopped', 'failed'].includes(document.querySelector('#run-status')?.textContent.trim())",
              timeout=90)
+    if page.inner_text("#run-status").strip() == "failed":
+        wait_text(page, "#run-failed", "Killed")
+        assert "restarted" not in page.inner_text("#run-failed")
     stage("killed")
 
     # Delete, with a confirmation first.

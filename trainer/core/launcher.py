@@ -326,9 +326,7 @@ class RunProcess:
         if self.stalled:
             return log.emit(FailedEvent(exitcode=returncode, reason=self.stalled, killed=True))
         if self.killed:
-            return log.emit(FailedEvent(exitcode=returncode, killed=True, reason=(
-                "The run was killed on request before it could stop gracefully; continue it from its last "
-                f"checkpoint with: python launch.py --resume {self.run_dir}")))
+            return log.emit(FailedEvent(exitcode=returncode, killed=True, reason=killed_reason(self.run_dir)))
         failure = describe_failure(self.run_dir, returncode, self.log_offset, self.node_rank,
                                    single_process=single_process(self.plan))
         return log.emit(FailedEvent(reason=failure.pop("reason"), exitcode=failure.pop("exitcode", returncode),
@@ -370,10 +368,22 @@ def start_run(
     return RunProcess(run_dir, plan, process, node_rank=d.node_rank, log_offset=offset, stall=stall).watch()
 
 
+def killed_reason(run_dir: str | Path) -> str:
+    """What a killed run's `failed` event says: that Kill ended it, and where it can go on from, truly."""
+    ckpt = latest_checkpoint(run_dir)
+    where = (f"continue it from its last checkpoint ({ckpt.path.relative_to(run_dir)}, step {ckpt.step}) with: "
+             f"python launch.py --resume {run_dir}" if ckpt else
+             "it had saved no checkpoint, so it cannot be resumed: start it again")
+    return f"The run was killed on request before it could stop gracefully; {where}."
+
+
 def kill_run(run_dir: str | Path, grace_s: float = 10.0) -> bool:
-    """Kill a run started by another process (e.g. before a GUI restart) through its launcher.pid."""
+    """Kill a run started by another process (e.g. before a GUI restart) through its launcher.pid; if its own
+    launcher is gone too and so writes no ending, the `failed` event that says it was killed is written here."""
     pid = RunFolder(Path(run_dir)).launcher_pid()
     if final_event(read_events(run_dir)) is not None or pid is None:
         return False  # nothing to kill; a recorded pid that now belongs to another process is never signalled
     kill_tree(pid, grace_s)
+    if final_event(read_events(run_dir)) is None:
+        EventLog(run_dir, echo=launcher_echo(run_dir)).emit(FailedEvent(killed=True, reason=killed_reason(run_dir)))
     return True
