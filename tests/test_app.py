@@ -125,6 +125,21 @@ def test_yaml_syntax_errors_and_unknown_keys_are_reported():
     assert any("trian.steps: unknown key" in p and "train.steps" in p for p in check.other_errors)
 
 
+def test_a_yaml_parse_error_is_the_problem_next_to_start_not_what_an_earlier_text_parsed_to():
+    """While the editor's text does not parse, the values the form last had (here a half-typed key) are not what
+    the editor says: the only problem listed (and Start's refusal) is the parse error; the YAML written from the
+    values never holds the marker."""
+    half_typed = {**forms.from_yaml("model: {path: demo://tiny-sd}\ndata: {path: demo://demo-data}"), "tversion": 1}
+    with pytest.raises(forms.YamlError) as caught:
+        forms.from_yaml("tversion: 1\ntrain: {steps: 40\n")
+    broken = forms.with_yaml_error(half_typed, str(caught.value))
+    check = check_values(broken, CPU)
+    assert not check.ok and check.problem_count == 1 and not check.field_errors
+    assert check.other_errors[0].startswith("YAML: ") and "Fix the YAML editor's text" in check.other_errors[0]
+    assert "tversion" not in check.other_errors[0] and forms.YAML_ERROR not in forms.to_yaml(broken)
+    assert forms.without_yaml_error(broken) == half_typed
+
+
 def test_widget_text_converts_to_typed_values():
     spec = forms.SPEC
     assert forms.from_widget(spec["train.lr"], "1e-4") == 1e-4

@@ -160,6 +160,14 @@ def scenario(page, app, stage):
     shot(page, "03-error-at-the-field")
     stage("error shown at train.lr")
 
+    # A YAML syntax error is the problem listed next to Start (not a key of what was typed before it).
+    page.click("#yaml-editor .cm-content")
+    page.keyboard.press("Control+A")
+    page.keyboard.press("Delete")
+    page.keyboard.insert_text("tversion: 1\ntrain: {steps: 40\n")
+    wait_text(page, "#problems", "YAML: ")
+    assert "train.lr" not in page.inner_text("#problems") and "tversion" not in page.inner_text("#problems")
+
     # The YAML editor drives the form: a short CPU run.
     page.click("#yaml-editor .cm-content")
     page.keyboard.press("Control+A")
