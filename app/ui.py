@@ -62,7 +62,7 @@ def build_ui(ctx: AppContext) -> gr.Blocks:
         ui_runs.wire(ctx, runs)
         ui_export.wire(ctx, runs, export)
         ui_queue.wire(ctx, runs, queued)
-        ui_dataset.wire(ctx, dataset)
+        ui_dataset.wire(ctx, dataset, train.values)
         _wire_start(ctx, train, runs, tabs)
         _wire_check_data(ctx, train, dataset, tabs)
 

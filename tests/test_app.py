@@ -480,6 +480,24 @@ def test_presets_list_demo_first_and_save_sparse_user_presets(tmp_path):
 # Dataset check
 
 
+def test_the_dataset_check_reads_the_folder_at_the_run_settings_resolution(tmp_path):
+    """Fields left empty in the Dataset check tab are the New run tab's: the demo's 64 px images are not all
+    "smaller than the resolution" (a fixed 512 flagged every one); a typed value still wins."""
+    from app.dataset_check import check_dataset
+    from app.dataset_check import filled
+
+    values = {**demo_values(), "data.path": str(tmp_path)}
+    for i in range(2):
+        Image.new("RGB", (64, 64)).save(tmp_path / f"{i}.png")
+        (tmp_path / f"{i}.txt").write_text("a yellow circle")
+    args = filled("", "", "", None, values)
+    assert args == (str(tmp_path), values["data.instance_prompt"] or "", ".txt", 64)
+    report = check_dataset(*args)
+    assert "**2 images**" in report.summary_md and "smaller than the resolution" not in report.problems_html
+    assert filled("other", "a dog", ".caption", 512, values) == ("other", "a dog", ".caption", 512)
+    assert "smaller than the resolution 512" in check_dataset(*filled("", "", "", 512, values)).problems_html
+
+
 def test_dataset_check_reports_counts_repeats_and_problems(tmp_path):
     from app.dataset_check import check_dataset
 
