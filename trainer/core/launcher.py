@@ -37,7 +37,7 @@ from trainer.core.events import (DoneEvent, Event, EventLog, FailedEvent, PlanEv
                                  final_event, read_events)
 from trainer.core.hardware import Hardware
 from trainer.core.plan import Plan, make_plan
-from trainer.core.proctree import kill_tree
+from trainer.core.proctree import ended, kill_tree
 from trainer.core.assets import resolve_paths
 from trainer.core.failures import describe_failure
 from trainer.core.runfolder import RunFolder, check_run_name, create_run_dir, write_atomic
@@ -384,6 +384,6 @@ def kill_run(run_dir: str | Path, grace_s: float = 10.0) -> bool:
     if final_event(read_events(run_dir)) is not None or pid is None:
         return False  # nothing to kill; a recorded pid that now belongs to another process is never signalled
     kill_tree(pid, grace_s)
-    if final_event(read_events(run_dir)) is None:
+    if ended(pid) and final_event(read_events(run_dir)) is None:
         EventLog(run_dir, echo=launcher_echo(run_dir)).emit(FailedEvent(killed=True, reason=killed_reason(run_dir)))
     return True
