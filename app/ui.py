@@ -59,7 +59,7 @@ def build_ui(ctx: AppContext) -> gr.Blocks:
             with gr.Tab("Dataset check", id="dataset", elem_id="tab-dataset"):
                 dataset = ui_dataset.build(ctx)
         ui_train.wire(ctx, train)
-        ui_runs.wire(ctx, runs)
+        ui_runs.wire(ctx, runs, tabs)
         ui_export.wire(ctx, runs, export)
         ui_queue.wire(ctx, runs, queued)
         ui_dataset.wire(ctx, dataset, train.values)
@@ -74,11 +74,6 @@ def build_ui(ctx: AppContext) -> gr.Blocks:
             return header_html(ctx.hardware.describe())
 
         blocks.load(hardware_header, outputs=[header], show_progress="hidden")
-
-        def open_runs_if_training():  # a page opened (or reloaded) while a run trains shows that run
-            return gr.Tabs(selected="runs") if any(v.active for v in R.list_runs(ctx.runs_dir)) else gr.skip()
-
-        blocks.load(open_runs_if_training, outputs=[tabs], show_progress="hidden")
     return blocks
 
 

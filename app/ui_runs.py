@@ -92,16 +92,14 @@ def build(ctx) -> RunsTab:
     with gr.Row():
         # Each step's loss and its moving average: the trend a newcomer looks for under the timestep noise; with
         # held-out images, the validation loss at each evaluation beside them.
-        loss_plot = gr.LinePlot(_loss_frame({}), x="step", y="loss", color="series", title="Loss", height=260,
-                                elem_id="loss-plot", visible=False)
-        lr_plot = gr.LinePlot(_frame({}, "lr"), x="step", y="lr", title="Learning rate", height=260,
-                              elem_id="lr-plot", visible=False)
+        loss_plot = line_plot(_loss_frame({}), x="step", y="loss", color="series", title="Loss", elem_id="loss-plot")
+        lr_plot = line_plot(_frame({}, "lr"), x="step", y="lr", title="Learning rate", elem_id="lr-plot")
     # Runs that evaluate (detection: mAP on the validation images; diffusion: the validation loss, plotted with
     # the loss, and any score an evaluation reports) get their metrics over steps, the latest evaluation in detail
     # and the best step; other runs never show this row.
     with gr.Row(elem_id="eval-row"):
-        eval_plot = gr.LinePlot(_eval_frame(()), x="step", y="value", color="metric", title="Evaluation",
-                                height=260, elem_id="eval-plot", visible=False)
+        eval_plot = line_plot(_eval_frame(()), x="step", y="value", color="metric", title="Evaluation",
+                              elem_id="eval-plot")
         eval_info = gr.HTML("", elem_id="run-eval", visible=False)
     latest = gr.Gallery(label="Samples: latest of each prompt", columns=4, height=300, object_fit="contain",
                         elem_id="samples-latest", elem_classes=["samples"], allow_preview=True, fit_columns=False)
@@ -117,6 +115,24 @@ def build(ctx) -> RunsTab:
     return RunsTab(table, select, header, failed, progress, stop, resume, resume_overrides, delete, kill, confirm_row,
                    confirm_text, confirm_yes, confirm_no, kill_row, kill_text, kill_yes, kill_no, message, loss_plot, lr_plot, eval_plot, eval_info, latest, every,
                    outputs, log, gr.State({}), gr.Timer(POLL_S))
+
+
+# Steps are whole numbers ("d", not Vega's "1.000000" for a one-point plot), their labels slanted so that neighbours
+# do not run together ("280300" at a narrow plot's end); values with at most 3 significant digits, trailing zeros
+# trimmed ("0.3", "0.0008").
+X_FORMAT, Y_FORMAT, X_LABEL_ANGLE = "d", ".3~g", -30
+
+
+def line_plot(value: pd.DataFrame, **kwargs: Any) -> gr.LinePlot:
+    """A plot of the Runs tab: steps across, hidden until its first point."""
+    return gr.LinePlot(value, x_axis_format=X_FORMAT, y_axis_format=Y_FORMAT, x_label_angle=X_LABEL_ANGLE,
+                       height=260, visible=False, **kwargs)
+
+
+def x_lim(steps: int) -> list | None:
+    """The step axis spans the whole planned run (it fills as the run goes, at whole-number ticks that do not
+    crowd at its end): none for a run of a few steps, whose fractional ticks would repeat a step number."""
+    return [0, steps] if steps >= 10 else None
 
 
 def _frame(series: dict, column: str) -> pd.DataFrame:
@@ -310,9 +326,14 @@ class Output:
 
 
 def _loss_update(value) -> dict:
-    losses, evaluated = value
+    losses, evaluated, steps = value
     # Drawn (made visible) with their first point: Vega sizes the axes on the first draw.
-    return gr.update(value=_loss_frame(dict(losses), evaluated), visible=bool(losses or evaluated))
+    return gr.update(value=_loss_frame(dict(losses), evaluated), visible=bool(losses or evaluated),
+                     x_lim=x_lim(steps))
+
+
+def _steps(s: Shown) -> int:
+    return s.view.steps if s.view else 0
 
 
 def _samples_update(value) -> dict:
@@ -340,12 +361,12 @@ OUTPUTS: tuple[Output, ...] = (
     Output("resume", _ended, _interactive),
     Output("delete", _ended, _interactive),
     Output("kill", lambda s: s.view is not None and s.view.active, _interactive),
-    Output("loss_plot", lambda s: (tuple(sorted(s.view.losses.items())), tuple(R.eval_losses(s.view)))
-           if s.view else ((), ()), _loss_update),
-    Output("lr_plot", lambda s: tuple(sorted(s.view.lrs.items())) if s.view else (),
-           lambda v: gr.update(value=_frame(dict(v), "lr"), visible=bool(v))),
-    Output("eval_plot", lambda s: tuple(R.eval_series(s.view)) if s.view else (),
-           lambda v: gr.update(value=_eval_frame(v), visible=bool(v))),
+    Output("loss_plot", lambda s: (tuple(sorted(s.view.losses.items())), tuple(R.eval_losses(s.view)), _steps(s))
+           if s.view else ((), (), 0), _loss_update),
+    Output("lr_plot", lambda s: (tuple(sorted(s.view.lrs.items())) if s.view else (), _steps(s)),
+           lambda v: gr.update(value=_frame(dict(v[0]), "lr"), visible=bool(v[0]), x_lim=x_lim(v[1]))),
+    Output("eval_plot", lambda s: (tuple(R.eval_series(s.view)) if s.view else (), _steps(s)),
+           lambda v: gr.update(value=_eval_frame(v[0]), visible=bool(v[0]), x_lim=x_lim(v[1]))),
     Output("eval_info", lambda s: eval_html(s.view), _visible),
     Output("latest", lambda s: tuple(R.latest_samples(s.view)) if s.view else (),
            lambda v: gr.update(value=list(v) or None)),
@@ -417,7 +438,7 @@ def pick_default(ctx) -> str | None:
     return candidates[0].name if candidates else None
 
 
-def wire(ctx, t: RunsTab) -> None:
+def wire(ctx, t: RunsTab, tabs: gr.Tabs) -> None:
     outs = outputs_of(t)
 
     def refresh_(name, seen):
@@ -440,7 +461,12 @@ def wire(ctx, t: RunsTab) -> None:
     t.table.select(on_table_select, outputs=[t.select]).then(
         lambda name: refresh_(name, {}), inputs=[t.select], outputs=outs, show_progress="hidden")
 
-    ctx.blocks.load(lambda: refresh_(pick_default(ctx), {}), outputs=outs, show_progress="hidden", api_name="runs")
+    def open_runs_if_training():  # a page opened (or reloaded) while a run trains shows that run
+        return gr.Tabs(selected="runs") if any(v.active for v in R.list_runs(ctx.jobs.runs_dir)) else gr.skip()
+
+    # The tab first, then what it shows: plots drawn while the tab was being switched to stayed blank boxes.
+    ctx.blocks.load(open_runs_if_training, outputs=[tabs], show_progress="hidden").then(
+        lambda: refresh_(pick_default(ctx), {}), outputs=outs, show_progress="hidden", api_name="runs")
 
     def act(fn, done: str):
         def handler(name, *args):

@@ -377,6 +377,19 @@ def test_runs_page_sends_only_what_changed(tmp_path):
     assert all(u == {"__type__": "update"} for u in again[:-1])  # gr.skip() everywhere
 
 
+def test_plots_count_steps_in_whole_numbers_over_the_planned_run(tmp_path):
+    from app import ui_runs
+    from app.jobs import HardwareCache, Jobs
+
+    write_run(tmp_path, "r", [PLAN, progress(1, 0.9), progress(2, 0.8)])
+    ctx = type("Ctx", (), {"jobs": Jobs(tmp_path, HardwareCache(hw=CPU))})()
+    updates = ui_runs.by_name(ui_runs.render(ui_runs.snapshot(ctx, "r"), {}))
+    # Drawn from the first points, over the whole planned run (10 steps), so the axis does not rescale each tick.
+    assert updates["loss_plot"]["visible"] is True and updates["loss_plot"]["x_lim"] == [0, 10]
+    assert updates["lr_plot"]["x_lim"] == [0, 10] and updates["eval_plot"]["visible"] is False
+    assert ui_runs.X_FORMAT == "d" and ui_runs.x_lim(3) is None  # no repeated step numbers
+
+
 def test_a_stale_response_landing_last_is_corrected_by_the_next_tick(tmp_path):
     """Responses can land out of order (a queued Stop's refresh after a later tick's): the page must not stay on
     the stale one. The fingerprint travels in `seen`, so the next tick compares with what is on screen."""
@@ -421,7 +434,7 @@ def test_detection_runs_show_map_per_class_ap_and_the_best_step(detection_run):
 
     ctx = type("Ctx", (), {"jobs": Jobs(detection_run.parent, HardwareCache(hw=CPU))})()
     data = ui_runs.snapshot(ctx, "detector")
-    assert data["eval_plot"] == tuple(eval_series(view))
+    assert data["eval_plot"][0] == tuple(eval_series(view))
     box = data["eval_info"]
     assert "step <b class=\"eval-step\">10</b> on 8 validation images" in box
     assert "mAP <b>0.400</b> · mAP50 <b>0.580</b> · mAP75 <b>0.360</b> · mAR100 <b>0.464</b>" in box
@@ -442,7 +455,7 @@ def test_runs_without_evaluations_show_no_evaluation_row(tmp_path):
     write_run(tmp_path, "sd", [PLAN, progress(1, 0.9), sample(1, 0, "a cat")])
     ctx = type("Ctx", (), {"jobs": Jobs(tmp_path, HardwareCache(hw=CPU))})()
     data = ui_runs.snapshot(ctx, "sd")
-    assert data["eval_plot"] == () and data["eval_info"] == ""
+    assert data["eval_plot"][0] == () and data["eval_info"] == ""
     updates = ui_runs.by_name(ui_runs.render(data, {}))
     assert updates["eval_plot"]["visible"] is False and updates["eval_info"]["visible"] is False
     # An evaluation without a best metric or classes (another family's metrics) still shows its numbers.

@@ -232,6 +232,10 @@ def scenario(page, app, stage):
     wait_text(page, "#run-status", "running")
     wait_for(page, f"Number(document.querySelector('#run-progress .step')?.dataset.step) > {stopped_at}",
              timeout=240)
+    # The loss plot is drawn on the page's first load too (it was a blank box when the tab was switched to).
+    wait_for(page, "(() => { const c = document.querySelector('#loss-plot canvas, #loss-plot svg');"
+                   " const r = c?.getBoundingClientRect(); return r && r.width > 100 && r.height > 100; })()",
+             timeout=30)
     page.click("#samples-all-accordion .label-wrap")  # every earlier step, to compare
     wait_for(page, "document.querySelectorAll('#samples-all img').length >= 4", timeout=120)
     page.click("#log-accordion .label-wrap")
