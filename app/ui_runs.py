@@ -15,6 +15,7 @@ import gradio as gr
 import pandas as pd
 
 from app import runs as R
+from app.sample_grid import grid_html
 from trainer.core.checkpoint import latest_checkpoint
 from trainer.core.event_types import DoneEvent, FailedEvent, StoppedEvent
 from trainer.core.telemetry import LAG_MARGIN
@@ -54,8 +55,7 @@ class RunsTab:
     lr_plot: gr.LinePlot
     eval_plot: gr.LinePlot
     eval_info: gr.HTML
-    latest: gr.Gallery
-    every: gr.Gallery
+    every: gr.HTML
     outputs: gr.File
     log: gr.Textbox
     seen: gr.State
@@ -89,23 +89,19 @@ def build(ctx) -> RunsTab:
         kill_yes = gr.Button("Yes, kill it", variant="stop", elem_id="confirm-kill", size="md")
         kill_no = gr.Button("Cancel", elem_id="cancel-kill", size="md")
     message = gr.HTML("", elem_id="run-message")
-    with gr.Row():
-        # Each step's loss and its moving average: the trend a newcomer looks for under the timestep noise; with
-        # held-out images, the validation loss at each evaluation beside them.
+    # Each step's loss and its moving average (the trend a newcomer looks for under the timestep noise; with
+    # held-out images, the validation loss at each evaluation beside them), and beside it the evaluations over steps
+    # of a run that evaluates (the demo's concept and control scores, detection's mAP); under them the learning
+    # rate and the latest evaluation in detail with the best step.
+    with gr.Row(elem_id="plots-row"):
         loss_plot = line_plot(_loss_frame({}), x="step", y="loss", color="series", title="Loss", elem_id="loss-plot")
-        lr_plot = line_plot(_frame({}, "lr"), x="step", y="lr", title="Learning rate", elem_id="lr-plot")
-    # Runs that evaluate (detection: mAP on the validation images; diffusion: the validation loss, plotted with
-    # the loss, and any score an evaluation reports) get their metrics over steps, the latest evaluation in detail
-    # and the best step; other runs never show this row.
-    with gr.Row(elem_id="eval-row"):
         eval_plot = line_plot(_eval_frame(()), x="step", y="value", color="metric", title="Evaluation",
                               elem_id="eval-plot")
+    with gr.Row(elem_id="eval-row"):
+        lr_plot = line_plot(_frame({}, "lr"), x="step", y="lr", title="Learning rate", elem_id="lr-plot")
         eval_info = gr.HTML("", elem_id="run-eval", visible=False)
-    latest = gr.Gallery(label="Samples: latest of each prompt", columns=4, height=300, object_fit="contain",
-                        elem_id="samples-latest", elem_classes=["samples"], allow_preview=True, fit_columns=False)
-    with gr.Accordion("Every sample, by step (newest first)", open=False, elem_id="samples-all-accordion"):
-        every = gr.Gallery(label="All samples", show_label=False, columns=4, height=480, object_fit="contain",
-                           elem_id="samples-all", elem_classes=["samples"], fit_columns=False)
+    # Samples as a grid, prompts down and steps across (app.sample_grid); a click enlarges one.
+    every = gr.HTML("", elem_id="samples-all", elem_classes=["samples"], visible=False)
     outputs = gr.File(label="Outputs: download the trained files", file_count="multiple", visible=False,
                       interactive=False, elem_id="run-outputs")
     with gr.Accordion("Log (last lines of train.log)", open=False, elem_id="log-accordion"):
@@ -113,7 +109,7 @@ def build(ctx) -> RunsTab:
         log = gr.Textbox(show_label=False, lines=14, max_lines=LOG_LINES + 10, interactive=False, autoscroll=True,
                          elem_id="run-log")
     return RunsTab(table, select, header, failed, progress, stop, resume, resume_overrides, delete, kill, confirm_row,
-                   confirm_text, confirm_yes, confirm_no, kill_row, kill_text, kill_yes, kill_no, message, loss_plot, lr_plot, eval_plot, eval_info, latest, every,
+                   confirm_text, confirm_yes, confirm_no, kill_row, kill_text, kill_yes, kill_no, message, loss_plot, lr_plot, eval_plot, eval_info, every,
                    outputs, log, gr.State({}), gr.Timer(POLL_S))
 
 
@@ -183,13 +179,6 @@ def eval_html(view: R.RunView | None) -> str:
                      '</th><th title="IoU 0.5">AP50</th></tr></thead>'
                      f'<tbody>{body}</tbody></table></div>')
     return f'<div class="eval-box">{"".join(parts)}</div>'
-
-
-def _columns(prompts: int) -> int:
-    """Gallery columns: whole steps per row (prompts side by side), at least 4 images wide."""
-    if prompts <= 0:
-        return 4
-    return prompts * -(-4 // prompts) if prompts < 4 else prompts
 
 
 def progress_html(view: R.RunView | None) -> str:
@@ -336,11 +325,6 @@ def _steps(s: Shown) -> int:
     return s.view.steps if s.view else 0
 
 
-def _samples_update(value) -> dict:
-    samples, columns = value
-    return gr.update(value=list(samples) or None, columns=columns)
-
-
 def _running(s: Shown) -> bool:
     return s.view is not None and s.view.status == "running"
 
@@ -368,10 +352,7 @@ OUTPUTS: tuple[Output, ...] = (
     Output("eval_plot", lambda s: (tuple(R.eval_series(s.view)) if s.view else (), _steps(s)),
            lambda v: gr.update(value=_eval_frame(v[0]), visible=bool(v[0]), x_lim=x_lim(v[1]))),
     Output("eval_info", lambda s: eval_html(s.view), _visible),
-    Output("latest", lambda s: tuple(R.latest_samples(s.view)) if s.view else (),
-           lambda v: gr.update(value=list(v) or None)),
-    Output("every", lambda s: (tuple(R.all_samples(s.view)), _columns(R.prompt_count(s.view))) if s.view else ((), 4),
-           _samples_update),
+    Output("every", lambda s: grid_html(s.view), _visible),
     Output("outputs", lambda s: tuple(R.output_files(s.view.path)) if s.view and s.view.status == "done" else (),
            lambda v: gr.update(value=list(v) or None, visible=bool(v))),
     Output("log", lambda s: R.log_tail(s.view.path, LOG_LINES) if s.view else ""),

@@ -377,6 +377,25 @@ def test_runs_page_sends_only_what_changed(tmp_path):
     assert all(u == {"__type__": "update"} for u in again[:-1])  # gr.skip() everywhere
 
 
+def test_samples_show_as_a_grid_of_prompts_down_and_steps_across(tmp_path):
+    from app.sample_grid import grid_html
+
+    run = write_run(tmp_path, "g", [PLAN, sample(0, 0, "a <cat>"), sample(0, 1, "a dog"), sample(2, 0, "a <cat>"),
+                                    {"type": "sample", "step": 4, "prompt": "a dog", "index": 1,
+                                     "path": "samples/missing.png"}])
+    (run / "samples" / "missing.png").unlink()
+    grid = grid_html(read_run(run, EventCache()))
+    # Two prompts (rows) x the steps whose images exist (columns, oldest first); a prompt not drawn at a step
+    # leaves its cell empty; a file not (yet) on disk is not a column.
+    assert grid.count('class="grid-prompt"') == 2 and [s for s in ("0", "2", "4") if f'data-step="{s}"' in grid] == \
+        ["0", "2"]
+    assert grid.index("a &lt;cat&gt;") < grid.index("a dog") and grid.count('class="grid-empty"') == 1
+    # Each image comes from Gradio's file route under the run folder (a page-relative URL) and enlarges on click.
+    assert f'src="gradio_api/file={run}/samples/' in grid and grid.count('class="grid-zoom"') == 3
+    assert 'href="#sample-g-2-0"' in grid and 'id="sample-g-2-0"' in grid
+    assert grid_html(read_run(write_run(tmp_path, "none", [PLAN, progress(1, 0.9)]), EventCache())) == ""
+
+
 def test_plots_count_steps_in_whole_numbers_over_the_planned_run(tmp_path):
     from app import ui_runs
     from app.jobs import HardwareCache, Jobs
@@ -441,7 +460,8 @@ def test_detection_runs_show_map_per_class_ap_and_the_best_step(detection_run):
     assert "Best so far: step <b>5</b> (mAP 0.420)" in box and "checkpoints/best/" in box
     assert "<td>circle</td><td>0.500</td><td>0.750</td>" in box
     assert "<td>&lt;tri&gt;</td><td>–</td><td>–</td>" in box  # a class without ground truth: no AP, escaped
-    assert data["every"][1] == 6  # three images per step (two predictions, the curve): two steps a row
+    # The grid: the two validation images and the curve down, the two evaluated steps across.
+    assert data["every"].count('class="grid-prompt"') == 3 and data["every"].count('class="grid-step"') == 2
     updates = ui_runs.by_name(ui_runs.render(data, {}))
     assert updates["eval_plot"]["visible"] is True and list(updates["eval_plot"]["value"].columns) == \
         ["step", "metric", "value"]
@@ -638,7 +658,7 @@ def test_the_page_builds_with_every_part(tmp_path):
     blocks = build_ui(ctx)
     ids = {getattr(b, "elem_id", None) for b in blocks.blocks.values()}
     for elem_id in ("preset", "plan-line", "start-button", "yaml-editor", "run-select", "run-progress", "loss-plot",
-                    "lr-plot", "eval-plot", "run-eval", "samples-latest", "samples-all", "stop-button", "resume-button", "delete-button",
+                    "lr-plot", "eval-plot", "run-eval", "samples-all", "stop-button", "resume-button", "delete-button",
                     "run-outputs", "run-log", "dataset-path", "dataset-gallery", "field-train-lr", "err-train-lr"):
         assert elem_id in ids, elem_id
 

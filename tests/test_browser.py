@@ -236,8 +236,12 @@ def scenario(page, app, stage):
     wait_for(page, "(() => { const c = document.querySelector('#loss-plot canvas, #loss-plot svg');"
                    " const r = c?.getBoundingClientRect(); return r && r.width > 100 && r.height > 100; })()",
              timeout=30)
-    page.click("#samples-all-accordion .label-wrap")  # every earlier step, to compare
-    wait_for(page, "document.querySelectorAll('#samples-all img').length >= 4", timeout=120)
+    # Samples as a grid, prompts down and steps across; a click enlarges one.
+    wait_for(page, "document.querySelectorAll('#samples-all .grid-step').length >= 2", timeout=120)
+    page.click("#samples-all td a")
+    wait_for(page, "getComputedStyle(document.querySelector('#samples-all .grid-zoom:target')).position === 'fixed'")
+    page.click("#samples-all .grid-zoom:target")
+    wait_for(page, "!document.querySelector('#samples-all .grid-zoom:target')")
     page.click("#log-accordion .label-wrap")
     # this launch's part of train.log: its command line (a one-process run is its worker, without torchrun's
     # [rank0] prefixes)
