@@ -121,3 +121,17 @@ def test_a_queued_run_waits_only_for_the_runs_on_its_devices(tmp_path):
     assert queue.must_wait(tmp_path, queue.config_devices("auto")) and queue.must_wait(tmp_path, frozenset({"gpu:1"}))
     assert queue.busy_runs(tmp_path, frozenset({"gpu:0"})) == ["training"]
     assert queue.busy_runs(tmp_path, None) == ["on-2-3", "training"]
+
+
+def test_the_command_line_lists_and_moves_queued_runs(tmp_path, capsys):
+    sys.path.insert(0, str(ROOT))
+    import launch
+
+    for name in ("a", "b"):
+        _queue(tmp_path, name, "cpu")
+    assert launch.main(["--queue-move", "b", "up", "--runs-dir", str(tmp_path)]) == 0
+    assert [q.name for q in queue.entries(tmp_path)] == ["b", "a"]
+    assert "#1  b" in capsys.readouterr().out
+    assert launch.main(["--queue-move", "#2", "sideways", "--runs-dir", str(tmp_path)]) == 2
+    assert "the direction is `up` (earlier) or `down` (later)" in capsys.readouterr().err
+    assert launch.main(["--queue-move", "zzz", "down", "--runs-dir", str(tmp_path)]) == 2
