@@ -96,6 +96,8 @@ class FamilySpec:
     """What output/ holds after a run, for the README and the UI."""
     demo_assets: dict[str, str] = field(default_factory=dict)
     """`demo://NAME` -> "module:function" building it once under a root folder and returning {name: path}."""
+    generates: bool = True
+    """It draws images from a prompt (the Runs tab's Generate panel); False: its samples are predictions."""
     demo_preset: str = ""
     """The shipped preset (presets/) that trains this family offline on its demo assets, on the CPU, to `done`
     with samples and outputs that load; every family has one (tests/test_demo_presets.py runs them all)."""
