@@ -27,13 +27,14 @@ RUN_COLUMNS = ["run", "family", "method", "status", "step", "loss", "started"]
 
 
 class EventCache:
-    """events.jsonl of each run, read from where the last read stopped (a rewritten file is read again)."""
+    """events.jsonl of each run, read from where the last read stopped (a rewritten file is read again), each line
+    parsed into its typed event once (trainer.core.event_types.parse), or kept as the BadEvent saying why not."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._runs: dict[Path, tuple[int, int, list[dict]]] = {}  # folder -> (offset, inode, events)
+        self._runs: dict[Path, tuple[int, int, list]] = {}  # folder -> (offset, inode, events)
 
-    def events(self, run_dir: Path) -> list[dict]:
+    def events(self, run_dir: Path) -> list[AnyEvent | BadEvent]:
         path = Path(run_dir) / EVENTS_FILE
         with self._lock:
             try:
@@ -57,7 +58,13 @@ class EventCache:
                         except ValueError:  # not JSON, or not UTF-8: a torn or foreign line
                             continue
                         if isinstance(event, dict):
-                            events.append(event)
+                            typed: AnyEvent | BadEvent | None
+                            try:
+                                typed = parse(event)
+                            except BadEvent as exc:
+                                typed = exc
+                            if typed is not None:  # None: a kind this page does not show
+                                events.append(typed)
             self._runs[Path(run_dir)] = (offset, stat.st_ino, events)
             return events
 
@@ -131,10 +138,9 @@ def _read_run(run_dir: Path, cache: EventCache) -> RunView:
     view.method = str(config.get("method", ""))
     view.steps = number_or_zero(section(config, "train").get("steps"), f"{CONFIG_FILE}: train.steps")
     total = None
-    for data in cache.events(run_dir):
-        event: AnyEvent | None = parse(data)  # BadEvent: this run's row says which field is wrong
-        if event is None:
-            continue  # a kind this page does not show
+    for event in cache.events(run_dir):
+        if isinstance(event, BadEvent):
+            raise event  # this run's row says which field is wrong
         if view.started is None:
             view.started = event.time
         if isinstance(event, PlanEvent):
@@ -346,6 +352,20 @@ def smoothed(series: dict[int, float], weight: float = 0.9) -> dict[int, float]:
         norm = weight * norm + (1 - weight)
         out[step] = average / norm
     return out
+
+
+PLOT_POINTS = 600  # points a plot line gets at most: a 100k-step run's curve, drawn and sent as 600
+
+
+def thin(series: dict[int, float], limit: int = PLOT_POINTS) -> dict[int, float]:
+    """`series` (step -> value, steps in order) with at most about `limit` points: every k-th step and the last,
+    so a long run's plot costs the page (and the server rendering it for every session) what a short one does."""
+    if len(series) <= limit:
+        return series
+    steps = sorted(series)
+    stride = -(-len(steps) // limit)
+    kept = steps[::stride] + ([steps[-1]] if (len(steps) - 1) % stride else [])
+    return {step: series[step] for step in kept}
 
 
 def log_tail(run_dir: str | Path, count: int = 40) -> str:

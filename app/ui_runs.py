@@ -7,6 +7,9 @@ flicker. The selected run lives in the browser page; on a reload the newest runn
 from __future__ import annotations
 
 import html
+import threading
+import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -135,12 +138,21 @@ def _frame(series: dict, column: str) -> pd.DataFrame:
     return pd.DataFrame({"step": list(series), column: list(series.values())}, columns=["step", column])
 
 
-def _loss_frame(losses: dict, evaluated=()) -> pd.DataFrame:
-    """Each step's loss, its smoothed trend, and `evaluated` (step, label, value): the evaluations' losses."""
-    rows = [(step, "per step", value) for step, value in losses.items()]
-    rows += [(step, "smoothed", value) for step, value in R.smoothed(losses).items()]
+def _loss_series(losses: dict) -> tuple[tuple, tuple]:
+    """Each step's loss and its smoothed trend (smoothed over every step, then both thinned: app.runs.thin)."""
+    return tuple(R.thin(losses).items()), tuple(R.thin(R.smoothed(losses)).items())
+
+
+def _loss_rows_frame(per_step, trend, evaluated=()) -> pd.DataFrame:
+    rows = [(step, "per step", value) for step, value in per_step]
+    rows += [(step, "smoothed", value) for step, value in trend]
     rows += [(step, label, value) for step, label, value in evaluated]
     return pd.DataFrame(rows, columns=["step", "series", "loss"])
+
+
+def _loss_frame(losses: dict, evaluated=()) -> pd.DataFrame:
+    """Each step's loss, its smoothed trend, and `evaluated` (step, label, value): the evaluations' losses."""
+    return _loss_rows_frame(*_loss_series(losses), evaluated)
 
 
 def _eval_frame(rows) -> pd.DataFrame:
@@ -315,9 +327,9 @@ class Output:
 
 
 def _loss_update(value) -> dict:
-    losses, evaluated, steps = value
+    per_step, trend, evaluated, steps = value
     # Drawn (made visible) with their first point: Vega sizes the axes on the first draw.
-    return gr.update(value=_loss_frame(dict(losses), evaluated), visible=bool(losses or evaluated),
+    return gr.update(value=_loss_rows_frame(per_step, trend, evaluated), visible=bool(per_step or evaluated),
                      x_lim=x_lim(steps))
 
 
@@ -345,9 +357,10 @@ OUTPUTS: tuple[Output, ...] = (
     Output("resume", _ended, _interactive),
     Output("delete", _ended, _interactive),
     Output("kill", lambda s: s.view is not None and s.view.active, _interactive),
-    Output("loss_plot", lambda s: (tuple(sorted(s.view.losses.items())), tuple(R.eval_losses(s.view)), _steps(s))
-           if s.view else ((), (), 0), _loss_update),
-    Output("lr_plot", lambda s: (tuple(sorted(s.view.lrs.items())) if s.view else (), _steps(s)),
+    Output("loss_plot", lambda s: (*_loss_series(dict(sorted(s.view.losses.items()))), tuple(R.eval_losses(s.view)),
+                                   _steps(s)) if s.view else ((), (), (), 0), _loss_update),
+    Output("lr_plot", lambda s: (tuple(R.thin(dict(sorted(s.view.lrs.items()))).items()) if s.view else (),
+                                 _steps(s)),
            lambda v: gr.update(value=_frame(dict(v[0]), "lr"), visible=bool(v[0]), x_lim=x_lim(v[1]))),
     Output("eval_plot", lambda s: (tuple(R.eval_series(s.view)) if s.view else (), _steps(s)),
            lambda v: gr.update(value=_eval_frame(v[0]), visible=bool(v[0]), x_lim=x_lim(v[1]))),
@@ -359,6 +372,30 @@ OUTPUTS: tuple[Output, ...] = (
 )
 # What render() updates, in its order: the outputs, then `seen` (what they show now).
 OUTPUT_NAMES = (*(o.name for o in OUTPUTS), "seen")
+
+
+class SharedRenders:
+    """The snapshots of the last few (runs folder, fingerprint)s, shared by every session: 20 pages polling one
+    run cost one snapshot per change of its folder, not 20 (each session still gets only what it lacks)."""
+
+    def __init__(self, size: int = 32):
+        self.size, self._lock = size, threading.Lock()
+        self._data: OrderedDict[tuple, dict] = OrderedDict()
+
+    def get(self, key: tuple, make: Callable[[], dict]) -> dict:
+        with self._lock:
+            if key in self._data:
+                self._data.move_to_end(key)
+                return self._data[key]
+        data = make()  # outside the lock: two sessions may both make it once, never wait on each other
+        with self._lock:
+            self._data[key] = data
+            while len(self._data) > self.size:
+                self._data.popitem(last=False)
+        return data
+
+
+SHARED = SharedRenders()
 
 
 def snapshot(ctx, name: str | None) -> dict:
@@ -385,7 +422,10 @@ def refresh(ctx, name: str | None, seen: dict | None) -> list:
     # tick's); whichever lands last, the next tick compares against what is on screen. With the fingerprint kept
     # apart, a stale 'stopping' that landed after the tick that rendered 'stopped' stayed for good (seen on CI).
     now = R.fingerprint(ctx.jobs.runs_dir, name)
-    return render({**snapshot(ctx, name), "fingerprint": now}, seen or {})
+    # Keyed also by the 10 s window: what the fingerprint cannot see (a run prepared a moment ago counts as
+    # running for 10 s, app.runs) is looked at again that often, once for every session.
+    data = SHARED.get((str(ctx.jobs.runs_dir), now, int(time.monotonic() // 10)), lambda: snapshot(ctx, name))
+    return render({**data, "fingerprint": now}, seen or {})
 
 
 def tick(ctx, name: str | None, seen: dict | None) -> list:

@@ -274,10 +274,10 @@ def test_event_cache_reads_only_complete_new_lines(tmp_path):
     assert len(cache.events(run)) == 1
     with open(run / "events.jsonl", "a") as f:
         f.write(json.dumps(progress(1, 1.0)) + "\n" + '{"type": "progr')
-    assert [e["type"] for e in cache.events(run)] == ["plan", "progress"]
+    assert [e.kind for e in cache.events(run)] == ["plan", "progress"]
     with open(run / "events.jsonl", "a") as f:
         f.write('ess", "step": 2, "loss": 0.5}\n')
-    assert [e.get("step") for e in cache.events(run)] == [None, 1, 2]
+    assert [getattr(e, "step", None) for e in cache.events(run)] == [None, 1, 2]
     (run / "events.jsonl").write_text(json.dumps(PLAN) + "\n")  # rewritten: read again from the start
     assert len(cache.events(run)) == 1
 
@@ -407,6 +407,30 @@ def test_plots_count_steps_in_whole_numbers_over_the_planned_run(tmp_path):
     assert updates["loss_plot"]["visible"] is True and updates["loss_plot"]["x_lim"] == [0, 10]
     assert updates["lr_plot"]["x_lim"] == [0, 10] and updates["eval_plot"]["visible"] is False
     assert ui_runs.X_FORMAT == "d" and ui_runs.x_lim(3) is None  # no repeated step numbers
+
+
+def test_sessions_share_one_render_per_folder_state_and_long_plots_are_thinned(tmp_path, monkeypatch):
+    from app import runs as R
+    from app import ui_runs
+    from app.jobs import HardwareCache, Jobs
+
+    write_run(tmp_path, "r", [PLAN, *(progress(s, 1.0 / s) for s in range(1, 2001))])
+    ctx = type("Ctx", (), {"jobs": Jobs(tmp_path, HardwareCache(hw=CPU))})()
+    made = []
+    real = ui_runs.snapshot
+    monkeypatch.setattr(ui_runs, "snapshot", lambda *a: made.append(1) or real(*a))
+    monkeypatch.setattr(ui_runs, "SHARED", ui_runs.SharedRenders())
+    sessions = [ui_runs.refresh(ctx, "r", {}) for _ in range(20)]
+    assert len(made) == 1 and all(s[-1] == sessions[0][-1] for s in sessions[1:])  # one render, 20 pages
+    # 2000 steps reach the browser as at most 600 points a line, the last step kept.
+    frame = ui_runs.by_name(sessions[0])["loss_plot"]["value"]
+    per_step = frame[frame.series == "per step"]
+    assert len(per_step) <= R.PLOT_POINTS + 1 and per_step.step.max() == 2000 and per_step.step.min() == 1
+    assert R.thin({1: 1.0, 2: 2.0}) == {1: 1.0, 2: 2.0}
+    with open(tmp_path / "r" / "events.jsonl", "a") as f:  # the folder changes: rendered again, once
+        f.write(json.dumps(progress(2001, 0.1)) + "\n")
+    ui_runs.refresh(ctx, "r", {}), ui_runs.refresh(ctx, "r", {})
+    assert len(made) == 2
 
 
 def test_a_stale_response_landing_last_is_corrected_by_the_next_tick(tmp_path):
