@@ -375,24 +375,35 @@ OUTPUT_NAMES = (*(o.name for o in OUTPUTS), "seen")
 
 
 class SharedRenders:
-    """The snapshots of the last few (runs folder, fingerprint)s, shared by every session: 20 pages polling one
-    run cost one snapshot per change of its folder, not 20 (each session still gets only what it lacks)."""
+    """The latest snapshot of each (runs folder, run), shared by every session: 20 pages polling a training run
+    cost about one snapshot a second, not 20 (each session still gets only what it lacks). A snapshot is reused
+    while the folder's fingerprint is the one it was made at, or for `fresh_s` after it was made (a training run
+    changes its folder every step); `seen` then carries that older fingerprint, so the next tick catches up. What
+    the fingerprint cannot see (a run prepared a moment ago counts as running for 10 s: app.runs) is looked at again
+    after `max_age_s`."""
 
-    def __init__(self, size: int = 32):
-        self.size, self._lock = size, threading.Lock()
-        self._data: OrderedDict[tuple, dict] = OrderedDict()
+    def __init__(self, fresh_s: float = 1.0, max_age_s: float = 10.0, size: int = 64):
+        self.fresh_s, self.max_age_s, self.size, self._lock = fresh_s, max_age_s, size, threading.Lock()
+        self._data: OrderedDict[tuple, tuple[str, float, dict]] = OrderedDict()
 
-    def get(self, key: tuple, make: Callable[[], dict]) -> dict:
+    def get(self, key: tuple, fingerprint: str, make: Callable[[], dict], fresh_ok: bool = True) -> tuple[str, dict]:
+        """(the fingerprint the snapshot was made at, the snapshot); `fresh_ok`: False after a user's action, whose
+        result must show at once."""
+        now = time.monotonic()
         with self._lock:
-            if key in self._data:
-                self._data.move_to_end(key)
-                return self._data[key]
-        data = make()  # outside the lock: two sessions may both make it once, never wait on each other
+            found = self._data.get(key)
+            if found is not None:
+                made_at, made, data = found
+                recent = fresh_ok and now - made < self.fresh_s
+                if now - made < self.max_age_s and (made_at == fingerprint or recent):
+                    return made_at, data
+        data = make()  # outside the lock: two sessions may both make it, never wait on each other
         with self._lock:
-            self._data[key] = data
+            self._data[key] = (fingerprint, now, data)
+            self._data.move_to_end(key)
             while len(self._data) > self.size:
                 self._data.popitem(last=False)
-        return data
+        return fingerprint, data
 
 
 SHARED = SharedRenders()
@@ -415,24 +426,22 @@ def by_name(updates: list) -> dict:
     return dict(zip(OUTPUT_NAMES, updates))
 
 
-def refresh(ctx, name: str | None, seen: dict | None) -> list:
+def refresh(ctx, name: str | None, seen: dict | None, fresh_ok: bool = False) -> list:
     """Updates for RunsTab.outputs() showing run `name` now, relative to `seen` (what is on screen)."""
     # The fingerprint is taken before the snapshot (a change in between re-renders on the next tick) and travels
     # in `seen` with what was rendered. Responses can arrive out of order (a queued Stop's refresh after a later
     # tick's); whichever lands last, the next tick compares against what is on screen. With the fingerprint kept
     # apart, a stale 'stopping' that landed after the tick that rendered 'stopped' stayed for good (seen on CI).
     now = R.fingerprint(ctx.jobs.runs_dir, name)
-    # Keyed also by the 10 s window: what the fingerprint cannot see (a run prepared a moment ago counts as
-    # running for 10 s, app.runs) is looked at again that often, once for every session.
-    data = SHARED.get((str(ctx.jobs.runs_dir), now, int(time.monotonic() // 10)), lambda: snapshot(ctx, name))
-    return render({**data, "fingerprint": now}, seen or {})
+    made_at, data = SHARED.get((str(ctx.jobs.runs_dir), name), now, lambda: snapshot(ctx, name), fresh_ok)
+    return render({**data, "fingerprint": made_at}, seen or {})
 
 
 def tick(ctx, name: str | None, seen: dict | None) -> list:
     """The timer's poll: nothing (gr.skip() everywhere) while the runs folder's fingerprint is what `seen` shows."""
     if R.fingerprint(ctx.jobs.runs_dir, name) == (seen or {}).get("fingerprint"):
         return [gr.skip()] * len(OUTPUT_NAMES)
-    return refresh(ctx, name, seen)
+    return refresh(ctx, name, seen, fresh_ok=True)  # a poll may show a snapshot up to SHARED.fresh_s old
 
 
 def outputs_of(t: RunsTab) -> list:

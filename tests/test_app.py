@@ -414,7 +414,7 @@ def test_sessions_share_one_render_per_folder_state_and_long_plots_are_thinned(t
     from app import ui_runs
     from app.jobs import HardwareCache, Jobs
 
-    write_run(tmp_path, "r", [PLAN, *(progress(s, 1.0 / s) for s in range(1, 2001))])
+    write_run(tmp_path, "r", [PLAN, *(progress(s, 1.0 / s) for s in range(1, 1301))])
     ctx = type("Ctx", (), {"jobs": Jobs(tmp_path, HardwareCache(hw=CPU))})()
     made = []
     real = ui_runs.snapshot
@@ -422,23 +422,28 @@ def test_sessions_share_one_render_per_folder_state_and_long_plots_are_thinned(t
     monkeypatch.setattr(ui_runs, "SHARED", ui_runs.SharedRenders())
     sessions = [ui_runs.refresh(ctx, "r", {}) for _ in range(20)]
     assert len(made) == 1 and all(s[-1] == sessions[0][-1] for s in sessions[1:])  # one render, 20 pages
-    # 2000 steps reach the browser as at most 600 points a line, the last step kept.
+    # 1300 steps reach the browser as at most 600 points a line, the last step kept.
     frame = ui_runs.by_name(sessions[0])["loss_plot"]["value"]
     per_step = frame[frame.series == "per step"]
-    assert len(per_step) <= R.PLOT_POINTS + 1 and per_step.step.max() == 2000 and per_step.step.min() == 1
+    assert len(per_step) <= R.PLOT_POINTS + 1 and per_step.step.max() == 1300 and per_step.step.min() == 1
     assert R.thin({1: 1.0, 2: 2.0}) == {1: 1.0, 2: 2.0}
-    with open(tmp_path / "r" / "events.jsonl", "a") as f:  # the folder changes: rendered again, once
-        f.write(json.dumps(progress(2001, 0.1)) + "\n")
-    ui_runs.refresh(ctx, "r", {}), ui_runs.refresh(ctx, "r", {})
-    assert len(made) == 2
+    with open(tmp_path / "r" / "events.jsonl", "a") as f:  # a training step: the folder changes
+        f.write(json.dumps(progress(1301, 0.1)) + "\n")
+    monkeypatch.setattr(ui_runs.SHARED, "fresh_s", 3600.0)  # polls within fresh_s share the last snapshot...
+    polled = [ui_runs.tick(ctx, "r", s[-1]) for s in sessions]
+    assert len(made) == 1 and all(p[-1]["fingerprint"] == sessions[0][-1]["fingerprint"] for p in polled)
+    monkeypatch.setattr(ui_runs.SHARED, "fresh_s", 0.0)  # ...and catch up after it, rendering once for all
+    again = [ui_runs.tick(ctx, "r", p[-1]) for p in polled]
+    assert len(made) == 2 and "1301" in ui_runs.by_name(again[0])["progress"]
 
 
-def test_a_stale_response_landing_last_is_corrected_by_the_next_tick(tmp_path):
+def test_a_stale_response_landing_last_is_corrected_by_the_next_tick(tmp_path, monkeypatch):
     """Responses can land out of order (a queued Stop's refresh after a later tick's): the page must not stay on
     the stale one. The fingerprint travels in `seen`, so the next tick compares with what is on screen."""
     from app import ui_runs
     from app.jobs import HardwareCache, Jobs
 
+    monkeypatch.setattr(ui_runs.SHARED, "fresh_s", 0.0)  # ticks a poll apart (a shared snapshot is reused 1 s)
     run = write_run(tmp_path, "r", [PLAN, progress(1, 0.9)])
     ctx = type("Ctx", (), {"jobs": Jobs(tmp_path, HardwareCache(hw=CPU))})()
     header = ui_runs.OUTPUT_NAMES.index("header")
