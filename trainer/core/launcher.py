@@ -210,6 +210,10 @@ def build_env(plan: Plan, base: dict | None = None, run_id: str = "imagetune") -
         env["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
     else:
         env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU plan must not create CUDA contexts on a shared GPU machine
+        # OpenMP's threads spin while they wait for work: on cores shared with another run, the UI or other
+        # tenants they burn the cycles those need. Sleeping instead, a demo step took 0.31 CPU-s, not 0.41-0.69
+        # (bench/ui_load.py, bench/README.md). A user's own setting wins.
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if "OMP_NUM_THREADS" not in env:
         # Without it torchrun sets 1 thread (CPU training crawls) or each rank takes every core (oversubscribed).
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
