@@ -204,7 +204,7 @@ def scenario(page, app, stage):
     stage("run started")
 
     # Progress, a loss point and samples arrive while it trains.
-    wait_for(page, "document.querySelectorAll('#samples-latest img').length >= 1", timeout=240)
+    wait_for(page, "document.querySelectorAll('#samples-all td img').length >= 1", timeout=240)
     wait_for(page, "Number(document.querySelector('#run-progress .step')?.dataset.step) >= 2", timeout=120)
     assert re.search(r"loss \d\.\d{4}", page.inner_text("#run-progress"))
     assert re.search(r"\d\.\d\d it/s", page.inner_text("#run-progress"))
@@ -238,8 +238,10 @@ def scenario(page, app, stage):
              timeout=30)
     # Samples as a grid, prompts down and steps across; a click enlarges one.
     wait_for(page, "document.querySelectorAll('#samples-all .grid-step').length >= 2", timeout=120)
-    page.click("#samples-all td a")
-    wait_for(page, "getComputedStyle(document.querySelector('#samples-all .grid-zoom:target')).position === 'fixed'")
+    # (the newest step's: the grid keeps the newest 24 steps, so an older column may leave it as the run goes on)
+    page.click("#samples-all tbody tr:first-child td:last-child a")
+    wait_for(page, "(() => { const zoom = document.querySelector('#samples-all .grid-zoom:target');"
+                   " return !!zoom && getComputedStyle(zoom).position === 'fixed'; })()", what="the enlarged sample")
     page.click("#samples-all .grid-zoom:target")
     wait_for(page, "!document.querySelector('#samples-all .grid-zoom:target')")
     page.click("#log-accordion .label-wrap")
@@ -286,8 +288,8 @@ def test_a_detection_run_shows_map_per_class_ap_the_best_step_and_its_samples(pa
     wait_for(page, "[...document.querySelectorAll('#eval-plot svg.marks g.mark-line path')]"
                    ".filter(p => (p.getAttribute('d') || '').length > 0).length >= 2", timeout=30,
              what="the mAP and mAP50 lines")
-    wait_for(page, "document.querySelectorAll('#samples-latest img').length >= 3", timeout=30)
-    captions = page.inner_text("#samples-latest")
+    wait_for(page, "document.querySelectorAll('#samples-all td img').length >= 3", timeout=30)
+    captions = page.inner_text("#samples-all")
     assert "val image 0" in captions and "precision-recall" in captions
     page.locator("#run-eval").scroll_into_view_if_needed()
     shot(page, "08-detection-run", full_page=True)
