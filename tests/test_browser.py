@@ -232,6 +232,11 @@ def scenario(page, app, stage):
     wait_text(page, "#run-status", "running")
     wait_for(page, f"Number(document.querySelector('#run-progress .step')?.dataset.step) > {stopped_at}",
              timeout=240)
+    page.click("#log-accordion .label-wrap")
+    # (first: sample lines soon push it out of the log's last lines)
+    # this launch's part of train.log: its command line (a one-process run is its worker, without torchrun's
+    # [rank0] prefixes)
+    wait_for(page, "(document.querySelector('#run-log textarea')?.value || '').includes('--resume')", timeout=30)
     # The loss plot is drawn on the page's first load too (it was a blank box when the tab was switched to).
     wait_for(page, "(() => { const c = document.querySelector('#loss-plot canvas, #loss-plot svg');"
                    " const r = c?.getBoundingClientRect(); return r && r.width > 100 && r.height > 100; })()",
@@ -244,10 +249,6 @@ def scenario(page, app, stage):
                    " return !!zoom && getComputedStyle(zoom).position === 'fixed'; })()", what="the enlarged sample")
     page.click("#samples-all .grid-zoom:target")
     wait_for(page, "!document.querySelector('#samples-all .grid-zoom:target')")
-    page.click("#log-accordion .label-wrap")
-    # this launch's part of train.log: its command line (a one-process run is its worker, without torchrun's
-    # [rank0] prefixes)
-    wait_for(page, "(document.querySelector('#run-log textarea')?.value || '').includes('--resume')", timeout=30)
     shot(page, "07-resumed-and-followed-after-reload", full_page=True)
     stage("progress after reload")
 
