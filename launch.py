@@ -13,6 +13,7 @@
     python launch.py --export RUN [--step N]           write a checkpoint's outputs (LoRA, model) into the run folder
     python launch.py --preset PRESET [...] --queue     add a run to the queue (runs/.queue/), validated now
     python launch.py --queue-worker                    start the queued runs one after another, until none is left
+    python launch.py --queue-list | --queue-move ENTRY up|down   show the queue; move a queued run
 
 Exit status: 0 when the run is done or was stopped, 1 when it failed, 2 for a mistake in the command line or
 the preset (reported as one paragraph, no traceback), 130 when interrupted before the run started.
@@ -49,6 +50,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="with --preset: queue the run (it starts when the runs before it have ended) instead of now")
     p.add_argument("--queue-worker", action="store_true",
                    help="start the queued runs of --runs-dir one after another, each when no run holds the machine")
+    p.add_argument("--queue-list", action="store_true", help="list the queued runs of --runs-dir, next first")
+    p.add_argument("--queue-move", nargs=2, metavar=("ENTRY", "up|down"),
+                   help="move a queued run (its position, name or id, as --queue-list shows) one place earlier or later")
     p.add_argument("--runs-dir", default="runs", help="where run folders are created (default: runs/)")
     bring = p.add_argument_group("import another trainer's config")
     bring.add_argument("--import-kohya", metavar="FILE", help="a kohya_ss GUI config (.json) or an sd-scripts "
@@ -113,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
                             "--import-ai-toolkit.")
         if args.queue_worker:
             return queue_worker(args)
+        if args.queue_list or args.queue_move:
+            return queue_edit(args)
         if args.preset:
             return run_headless(args)
         if args.resume:
@@ -268,6 +274,29 @@ def push_headless(args) -> int:
                         f"{(str(exc).strip().splitlines() or [''])[0][:300]}). Check HF_TOKEN (a write token) and "
                         "the repo id.") from None
     print(f"uploaded: {url}")
+    return 0
+
+
+def queue_edit(args) -> int:
+    """--queue-move ENTRY up|down, then (or for --queue-list) the queue as it is."""
+    from trainer.core import queue
+
+    if args.queue_move:
+        which, direction = args.queue_move
+        if direction not in ("up", "down"):
+            raise UserError(f"--queue-move {which} {direction}: the direction is `up` (earlier) or `down` (later).")
+        queued = queue.entries(args.runs_dir)
+        entry = next((q for q in queued if which in (q.id, q.name, str(q.position), f"#{q.position}")), None)
+        if entry is None:
+            raise UserError(f"--queue-move: no queued run {which!r} in {args.runs_dir} (--queue-list shows them).")
+        if queue.move(args.runs_dir, entry.id, -1 if direction == "up" else 1) is None:
+            print(f"{entry.name} stays at #{entry.position}: it is already {'first' if direction == 'up' else 'last'}"
+                  " (or has started)")
+    queued = queue.entries(args.runs_dir)
+    for q in queued:
+        print(f"#{q.position}  {q.name}  ({q.id})")
+    if not queued:
+        print(f"the queue of {args.runs_dir} is empty")
     return 0
 
 

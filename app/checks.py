@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from app.forms import FORM_KEYS, SPEC, nested
+from app.forms import FORM_KEYS, SPEC, YAML_ERROR, nested
 from app.security import Workspace
 from trainer.core.config import Config, load_config
 from trainer.errors import ConfigError, UserError
@@ -66,6 +66,10 @@ def check_values(values: dict, hardware: Callable[[Config], Hardware | None] | H
     waits; a cpu:N plan never needs it).
     """
     result = Check()
+    if values.get(YAML_ERROR):
+        result.other_errors.append(f"{values[YAML_ERROR]}. Fix the YAML editor's text (the form follows it once "
+                                   "it parses).")
+        return result
     for problem in _required(values):
         result.add(problem)
     if result.problem_count:

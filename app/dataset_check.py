@@ -103,3 +103,11 @@ def check_dataset(path: str, instance_prompt: str | None = None, caption_extensi
     if len(scan.items) > GRID_LIMIT:
         md += f"\n\nShowing the first {GRID_LIMIT} of {len(scan.items)} images."
     return DatasetReport(md, problems, gallery, scan)
+
+
+def filled(path, prompt, extension, resolution, values: dict | None) -> tuple:
+    """The tab's fields, each left empty taken from the New run tab's `values` (its preset and edits)."""
+    values = values or {}
+    return (path or values.get("data.path") or "", prompt or values.get("data.instance_prompt") or "",
+            extension or values.get("data.caption_extension") or ".txt",
+            resolution or values.get("data.resolution"))

@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 
 from trainer.core.checkpoint import complete_checkpoints
-from trainer.core.events import EventLog
+from trainer.core.events import EventLog, WarningEvent
 from trainer.core.launcher import REPO_ROOT
 from trainer.core.outputs import export_dir, label
 from trainer.core.runfolder import RunFolder, tail_lines
@@ -54,8 +54,8 @@ class Exports:
         try:
             if proc.wait() != 0:
                 last = (tail_lines(RunFolder(run_dir).log, 1) or ["no output"])[0]
-                EventLog(run_dir).emit("warning", step=step, message=(
-                    f"exporting the outputs of step {step} failed (exit {proc.returncode}): {last} (see train.log)"))
+                EventLog(run_dir).emit(WarningEvent(step=step, message=(
+                    f"exporting the outputs of step {step} failed (exit {proc.returncode}): {last} (see train.log)")))
         finally:
             with self._lock:
                 self._running.discard((run_dir, step))

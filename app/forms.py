@@ -289,6 +289,8 @@ def values_from_preset(raw: dict) -> dict:
 def nested(values: dict, only: typing.Iterable[str] | None = None) -> dict:
     tree: dict = {}
     for key in (values if only is None else only):
+        if key == YAML_ERROR:
+            continue
         node = tree
         *head, last = key.split(".")
         for part in head:
@@ -314,6 +316,20 @@ def to_yaml(values: dict, full: bool = True) -> str:
 
 class YamlError(ValueError):
     pass
+
+
+# The YAML editor's text while it does not parse: its error is kept in the form's values under this key (never a
+# config key), so the problems next to Start, Start itself and Save name the parse error, not whatever a half-typed
+# earlier text parsed to. Any edit that makes the values whole again (a field, a preset, YAML that parses) drops it.
+YAML_ERROR = "__yaml_error__"
+
+
+def with_yaml_error(values: dict, error: str) -> dict:
+    return {**values, YAML_ERROR: error}
+
+
+def without_yaml_error(values: dict) -> dict:
+    return {k: v for k, v in values.items() if k != YAML_ERROR}
 
 
 def from_yaml(text: str) -> dict:

@@ -138,7 +138,7 @@ class Jobs:
             self._demo.result()  # the demo assets are being built: wait rather than build them twice
         self._approve(config)  # again here: whatever called start, the config it passes is the one that runs
         with queue.exclusive(self.runs_dir):  # no queue runner starts one between the look and the start
-            if queue.busy_runs(self.runs_dir) or queue.entries(self.runs_dir):
+            if queue.must_wait(self.runs_dir, queue.config_devices(config.devices)):
                 return queue.add(self.runs_dir, config)
             return self._launch(config)
 

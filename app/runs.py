@@ -14,9 +14,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.run_checks import Unreadable, checked_event, config_summary, number_or_zero, section
+from app.run_checks import Unreadable, config_summary, number_or_zero, section
 from trainer.core.assets import DEMO_DIR
-from trainer.core.events import FINAL_TYPES
+from trainer.core.event_types import (AnyEvent, BadEvent, BestEvent, DoneEvent, EvalEvent, FailedEvent, FinalEvent,
+                                      PlanEvent, ProgressEvent, ResumedEvent, SampleEvent, StoppedEvent, WarningEvent,
+                                      parse)
 from trainer.core.runfolder import CONFIG_FILE, EVENTS_FILE, LOG_FILE, PID_FILE, STOP_FILE, RunFolder, tail_lines
 from trainer.core.stall import STALL_PREFIX
 from app.queue_view import queue_rows, queue_stamp  # noqa: F401  (queue_rows: the Runs tab's table, R.queue_rows)
@@ -25,13 +27,14 @@ RUN_COLUMNS = ["run", "family", "method", "status", "step", "loss", "started"]
 
 
 class EventCache:
-    """events.jsonl of each run, read from where the last read stopped (a rewritten file is read again)."""
+    """events.jsonl of each run, read from where the last read stopped (a rewritten file is read again), each line
+    parsed into its typed event once (trainer.core.event_types.parse), or kept as the BadEvent saying why not."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._runs: dict[Path, tuple[int, int, list[dict]]] = {}  # folder -> (offset, inode, events)
+        self._runs: dict[Path, tuple[int, int, list]] = {}  # folder -> (offset, inode, events)
 
-    def events(self, run_dir: Path) -> list[dict]:
+    def events(self, run_dir: Path) -> list[AnyEvent | BadEvent]:
         path = Path(run_dir) / EVENTS_FILE
         with self._lock:
             try:
@@ -55,7 +58,13 @@ class EventCache:
                         except ValueError:  # not JSON, or not UTF-8: a torn or foreign line
                             continue
                         if isinstance(event, dict):
-                            events.append(event)
+                            typed: AnyEvent | BadEvent | None
+                            try:
+                                typed = parse(event)
+                            except BadEvent as exc:
+                                typed = exc
+                            if typed is not None:  # None: a kind this page does not show
+                                events.append(typed)
             self._runs[Path(run_dir)] = (offset, stat.st_ino, events)
             return events
 
@@ -86,14 +95,14 @@ class RunView:
     started: float | None = None
     plan_line: str = ""
     plan_notes: list[str] = field(default_factory=list)
-    final: dict | None = None
+    final: FinalEvent | None = None
     losses: dict[int, float] = field(default_factory=dict)  # step -> loss (a resumed step replaces the old one)
     lrs: dict[int, float] = field(default_factory=dict)
-    samples: dict[tuple[int, int], dict] = field(default_factory=dict)  # (step, prompt index) -> sample event
+    samples: dict[tuple[int, int], SampleEvent] = field(default_factory=dict)  # (step, prompt index) -> its event
     warnings: list[str] = field(default_factory=list)
     stall: str | None = None  # the launcher's stall warning, while no step has followed it (trainer.core.stall)
     evals: dict[int, dict] = field(default_factory=dict)  # step -> its `eval` events, merged
-    best: dict | None = None  # the latest `best` event: {"step", "metric", "value", ...}
+    best: BestEvent | None = None  # the latest `best` event
     has_progress: bool = False  # this launch reported a step (else it is still loading the model)
     ranks: list[dict] = field(default_factory=list)  # each rank's figures of step `ranks_step` (trainer.engine.telemetry)
     ranks_step: int = 0
@@ -115,7 +124,10 @@ def read_run(run_dir: str | Path, cache: EventCache = CACHE) -> RunView:
     try:
         return _read_run(Path(run_dir), cache)
     except Exception as exc:  # noqa: BLE001 -- any surprise in one folder stays in its own row
-        reason = str(exc) if isinstance(exc, Unreadable) else f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, BadEvent):
+            reason = f"{EVENTS_FILE}: {exc}"
+        else:
+            reason = str(exc) if isinstance(exc, Unreadable) else f"{type(exc).__name__}: {exc}"
         return RunView(path=Path(run_dir), name=Path(run_dir).name, status="unreadable", problem=reason[:200])
 
 
@@ -127,57 +139,55 @@ def _read_run(run_dir: Path, cache: EventCache) -> RunView:
     view.steps = number_or_zero(section(config, "train").get("steps"), f"{CONFIG_FILE}: train.steps")
     total = None
     for event in cache.events(run_dir):
-        event = checked_event(event)
-        kind = event.get("type")
+        if isinstance(event, BadEvent):
+            raise event  # this run's row says which field is wrong
         if view.started is None:
-            view.started = event.get("time")
-        if kind == "plan":
-            view.plan_line, view.plan_notes = event.get("line", ""), list(event.get("notes") or [])
-            total, view.steps = event.get("total") or total, event.get("steps") or view.steps
+            view.started = event.time
+        if isinstance(event, PlanEvent):
+            view.plan_line, view.plan_notes = event.line, list(event.notes)
+            total, view.steps = event.total or total, event.steps or view.steps
             view.final, view.has_progress = None, False
-        elif kind == "resumed":
-            plan = event.get("plan") or {}
-            view.plan_line = event.get("line") or plan.get("line", view.plan_line)
-            view.plan_notes = list(plan.get("notes") or [])
-            total, view.steps = plan.get("total") or total, plan.get("steps") or view.steps
-            view.step = event.get("step", view.step)
+        elif isinstance(event, ResumedEvent):
+            plan = event.plan or PlanEvent()
+            view.plan_line = event.line or plan.line or view.plan_line
+            view.plan_notes = list(plan.notes)
+            total, view.steps = plan.total or total, plan.steps or view.steps
+            view.step = event.step
             view.final, view.has_progress, view.eta_s, view.it_per_s = None, False, None, None
             view.ranks, view.slowest_rank, view.stall = [], None, None
-        elif kind == "progress":
+        elif isinstance(event, ProgressEvent):
             view.has_progress, view.stall = True, None
-            view.step, view.steps = event.get("step", view.step), event.get("steps") or view.steps
-            view.loss, view.lr, view.eta_s = event.get("loss"), event.get("lr"), event.get("eta_s")
-            rate = event.get("samples_per_s")
+            view.step, view.steps = event.step, event.steps or view.steps
+            view.loss, view.lr, view.eta_s = event.loss, event.lr, event.eta_s
+            rate = event.samples_per_s
             view.it_per_s = rate / total if rate and total else None
-            if event.get("ranks"):
-                view.ranks, view.ranks_step = event["ranks"], int(event.get("ranks_step") or 0)
-                view.slowest_rank = event.get("slowest_rank")
+            if event.ranks:
+                view.ranks, view.ranks_step = event.ranks, event.ranks_step or 0
+                view.slowest_rank = event.slowest_rank
             if view.loss is not None:
                 view.losses[view.step] = view.loss
             if view.lr is not None:
                 view.lrs[view.step] = view.lr
-        elif kind == "sample" and event.get("path"):
-            view.samples[(event.get("step", 0), event.get("index", 0))] = event
-        elif kind == "eval" and event.get("step") is not None:
+        elif isinstance(event, SampleEvent):
+            view.samples[(event.step, event.index)] = event
+        elif isinstance(event, EvalEvent):
             # A step's scores (sample steps: concept/control) and its evaluation (val_loss, mAP) are separate
             # events: merged; a re-evaluated step's metrics replace the earlier ones.
-            step = int(event["step"])
-            view.evals[step] = {**view.evals.get(step, {}), **event}
-        elif kind == "best" and event.get("step") is not None:
+            view.evals[event.step] = {**view.evals.get(event.step, {}), **event.extra, "step": event.step}
+        elif isinstance(event, BestEvent):
             view.best = event
-        elif kind == "warning":
-            message = str(event.get("message", ""))
-            if message.startswith(STALL_PREFIX):
-                view.stall = message  # true until the run steps again or ends, not for good
+        elif isinstance(event, WarningEvent):
+            if event.message.startswith(STALL_PREFIX):
+                view.stall = event.message  # true until the run steps again or ends, not for good
             else:
-                view.warnings.append(message)
-        elif kind in FINAL_TYPES:
+                view.warnings.append(event.message)
+        elif isinstance(event, (DoneEvent, StoppedEvent, FailedEvent)):
             view.final, view.stall = event, None
-            if kind == "done":
-                view.step = event.get("step", view.step)
+            if isinstance(event, DoneEvent) and event.step is not None:
+                view.step = event.step
     if view.final is not None:
         # The workers wrote how it ended; until torchrun itself has exited, it is not safe to resume or delete.
-        ended = view.final["type"]
+        ended = view.final.kind
         view.status = ended if not _pid_alive(run_dir) else ("stopping" if ended == "stopped" else "finishing")
     elif _pid_alive(run_dir):
         view.status = "stopping" if (run_dir / STOP_FILE).exists() else "running"
@@ -243,19 +253,19 @@ def run_rows(views: list[RunView]) -> list[list]:
 
 def latest_samples(view: RunView) -> list[tuple[str, str]]:
     """(image path, caption) of the newest sample of each prompt."""
-    newest: dict[int, tuple[int, dict]] = {}
+    newest: dict[int, tuple[int, SampleEvent]] = {}
     for (step, index), event in view.samples.items():
         if index not in newest or step > newest[index][0]:
             newest[index] = (step, event)
-    return [(str(view.path / e["path"]), f"step {s} · {e.get('prompt', '')}")
-            for _, (s, e) in sorted(newest.items()) if (view.path / e["path"]).is_file()]
+    return [(str(view.path / e.path), f"step {s} · {e.prompt}")
+            for _, (s, e) in sorted(newest.items()) if (view.path / e.path).is_file()]
 
 
 def all_samples(view: RunView) -> list[tuple[str, str]]:
     """Every sample, newest step first, prompts in order within a step (a grid of steps x prompts)."""
     keys = sorted(view.samples, key=lambda k: (-k[0], k[1]))
-    return [(str(view.path / view.samples[k]["path"]), f"step {k[0]} · {view.samples[k].get('prompt', '')}")
-            for k in keys if (view.path / view.samples[k]["path"]).is_file()]
+    return [(str(view.path / view.samples[k].path), f"step {k[0]} · {view.samples[k].prompt}")
+            for k in keys if (view.path / view.samples[k].path).is_file()]
 
 
 # How metrics are labelled (detection's COCO metrics, the diffusion families' validation loss); others show
@@ -342,6 +352,20 @@ def smoothed(series: dict[int, float], weight: float = 0.9) -> dict[int, float]:
         norm = weight * norm + (1 - weight)
         out[step] = average / norm
     return out
+
+
+PLOT_POINTS = 600  # points a plot line gets at most: a 100k-step run's curve, drawn and sent as 600
+
+
+def thin(series: dict[int, float], limit: int = PLOT_POINTS) -> dict[int, float]:
+    """`series` (step -> value, steps in order) with at most about `limit` points: every k-th step and the last,
+    so a long run's plot costs the page (and the server rendering it for every session) what a short one does."""
+    if len(series) <= limit:
+        return series
+    steps = sorted(series)
+    stride = -(-len(steps) // limit)
+    kept = steps[::stride] + ([steps[-1]] if (len(steps) - 1) % stride else [])
+    return {step: series[step] for step in kept}
 
 
 def log_tail(run_dir: str | Path, count: int = 40) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 import gradio as gr
 
 from app import runs as R
-from app import ui_dataset, ui_export, ui_queue, ui_runs, ui_train
+from app import ui_dataset, ui_export, ui_generate, ui_queue, ui_runs, ui_train
 from app.checks import check_values
 from app.caption_job import CaptionJob
 from app.exports import Exports
@@ -62,13 +62,15 @@ def build_ui(ctx: AppContext) -> gr.Blocks:
                 queued = ui_queue.build()
                 runs = ui_runs.build(ctx)
                 export = ui_export.build()
+                generate = ui_generate.build()
             with gr.Tab("Dataset check", id="dataset", elem_id="tab-dataset"):
                 dataset = ui_dataset.build(ctx)
         ui_train.wire(ctx, train)
-        ui_runs.wire(ctx, runs)
+        ui_runs.wire(ctx, runs, tabs)
         ui_export.wire(ctx, runs, export)
+        ui_generate.wire(ctx, runs, generate)
         ui_queue.wire(ctx, runs, queued)
-        ui_dataset.wire(ctx, dataset)
+        ui_dataset.wire(ctx, dataset, train.values)
         _wire_start(ctx, train, runs, tabs)
         _wire_check_data(ctx, train, dataset, tabs)
 
@@ -80,11 +82,6 @@ def build_ui(ctx: AppContext) -> gr.Blocks:
             return header_html(ctx.hardware.describe())
 
         blocks.load(hardware_header, outputs=[header], show_progress="hidden")
-
-        def open_runs_if_training():  # a page opened (or reloaded) while a run trains shows that run
-            return gr.Tabs(selected="runs") if any(v.active for v in R.list_runs(ctx.runs_dir)) else gr.skip()
-
-        blocks.load(open_runs_if_training, outputs=[tabs], show_progress="hidden")
     return blocks
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from app import ui_captions
-from app.dataset_check import check_dataset
+from app.dataset_check import check_dataset, filled
 
 
 @dataclass
@@ -27,12 +27,15 @@ def build(ctx) -> DatasetTab:
     gr.Markdown("Check a folder of training images the way a run will read it: how many images, their sizes, "
                 "kohya repeat folders, captions, and the files that would be skipped.", elem_classes=["tab-intro"])
     with gr.Row(equal_height=False):
-        path = gr.Textbox(label="Images folder (data.path)", placeholder="/path/to/my/photos  or  demo://demo-data",
-                          scale=3, elem_id="dataset-path")
+        # Left empty, each field is the New run tab's setting: the check reads the folder as that run would.
+        path = gr.Textbox(label="Images folder (data.path)", scale=3, elem_id="dataset-path",
+                          placeholder="empty: the New run tab's data.path  (or /path/to/my/photos, demo://demo-data)")
         instance_prompt = gr.Textbox(label="Instance prompt (data.instance_prompt)", scale=2,
                                      info="Caption for images that have none.", elem_id="dataset-prompt")
-        caption_extension = gr.Textbox(".txt", label="Caption extension", scale=1, elem_id="dataset-ext")
-        resolution = gr.Number(512, precision=0, label="Resolution", scale=1, elem_id="dataset-resolution")
+        caption_extension = gr.Textbox("", label="Caption extension", scale=1, elem_id="dataset-ext",
+                                       placeholder="empty: the run's")
+        resolution = gr.Number(None, precision=0, label="Resolution", scale=1, elem_id="dataset-resolution",
+                               info="empty: the New run tab's data.resolution")
     check = gr.Button("Check images", variant="primary", elem_id="dataset-check-button")
     problems = gr.HTML("", elem_id="dataset-problems")
     summary = gr.Markdown("", elem_id="dataset-summary")
@@ -42,7 +45,8 @@ def build(ctx) -> DatasetTab:
     return DatasetTab(path, instance_prompt, caption_extension, resolution, check, summary, problems, gallery, captions)
 
 
-def run_check(ctx, path, prompt, extension, resolution):
+def run_check(ctx, path, prompt, extension, resolution, values: dict | None = None):
+    path, prompt, extension, resolution = filled(path, prompt, extension, resolution, values)
     report = check_dataset(path, prompt, extension, resolution, ctx.workspace, ctx.jobs.demo_path)
     return report.summary_md, report.problems_html, report.gallery or None
 
@@ -55,10 +59,12 @@ def outputs_of(t: DatasetTab) -> list:
     return [t.summary, t.problems, t.gallery]
 
 
-def wire(ctx, t: DatasetTab) -> None:
+def wire(ctx, t: DatasetTab, run_values: gr.State) -> None:
+    """`run_values`: the New run tab's values, for the fields left empty."""
     def handler(*args):
         return run_check(ctx, *args)
 
-    t.check.click(handler, inputs=inputs_of(t), outputs=outputs_of(t), api_name="check_dataset")
-    t.path.submit(handler, inputs=inputs_of(t), outputs=outputs_of(t))
+    inputs = [*inputs_of(t), run_values]
+    t.check.click(handler, inputs=inputs, outputs=outputs_of(t), api_name="check_dataset")
+    t.path.submit(handler, inputs=inputs, outputs=outputs_of(t))
     ui_captions.wire(ctx, t.captions, t.path, t.caption_extension)

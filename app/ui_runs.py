@@ -7,12 +7,20 @@ flicker. The selected run lives in the browser page; on a reload the newest runn
 from __future__ import annotations
 
 import html
+import threading
+import time
+from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
 
 import gradio as gr
 import pandas as pd
 
 from app import runs as R
+from app.sample_grid import grid_html
+from trainer.core.checkpoint import latest_checkpoint
+from trainer.core.event_types import DoneEvent, FailedEvent, StoppedEvent
 from trainer.core.telemetry import LAG_MARGIN
 from trainer.errors import UserError
 
@@ -41,13 +49,16 @@ class RunsTab:
     confirm_text: gr.Markdown
     confirm_yes: gr.Button
     confirm_no: gr.Button
+    kill_row: gr.Row
+    kill_text: gr.Markdown
+    kill_yes: gr.Button
+    kill_no: gr.Button
     message: gr.HTML
     loss_plot: gr.LinePlot
     lr_plot: gr.LinePlot
     eval_plot: gr.LinePlot
     eval_info: gr.HTML
-    latest: gr.Gallery
-    every: gr.Gallery
+    every: gr.HTML
     outputs: gr.File
     log: gr.Textbox
     seen: gr.State
@@ -76,26 +87,24 @@ def build(ctx) -> RunsTab:
         confirm_text = gr.Markdown("")
         confirm_yes = gr.Button("Yes, delete it", variant="stop", elem_id="confirm-delete", size="md")
         confirm_no = gr.Button("Cancel", elem_id="cancel-delete", size="md")
+    with gr.Row(visible=False, elem_id="confirm-kill-row", elem_classes=["msg-box", "warning"]) as kill_row:
+        kill_text = gr.Markdown("")
+        kill_yes = gr.Button("Yes, kill it", variant="stop", elem_id="confirm-kill", size="md")
+        kill_no = gr.Button("Cancel", elem_id="cancel-kill", size="md")
     message = gr.HTML("", elem_id="run-message")
-    with gr.Row():
-        # Each step's loss and its moving average: the trend a newcomer looks for under the timestep noise; with
-        # held-out images, the validation loss at each evaluation beside them.
-        loss_plot = gr.LinePlot(_loss_frame({}), x="step", y="loss", color="series", title="Loss", height=260,
-                                elem_id="loss-plot", visible=False)
-        lr_plot = gr.LinePlot(_frame({}, "lr"), x="step", y="lr", title="Learning rate", height=260,
-                              elem_id="lr-plot", visible=False)
-    # Runs that evaluate (detection: mAP on the validation images; diffusion: the validation loss, plotted with
-    # the loss, and any score an evaluation reports) get their metrics over steps, the latest evaluation in detail
-    # and the best step; other runs never show this row.
+    # Each step's loss and its moving average (the trend a newcomer looks for under the timestep noise; with
+    # held-out images, the validation loss at each evaluation beside them), and beside it the evaluations over steps
+    # of a run that evaluates (the demo's concept and control scores, detection's mAP); under them the learning
+    # rate and the latest evaluation in detail with the best step.
+    with gr.Row(elem_id="plots-row"):
+        loss_plot = line_plot(_loss_frame({}), x="step", y="loss", color="series", title="Loss", elem_id="loss-plot")
+        eval_plot = line_plot(_eval_frame(()), x="step", y="value", color="metric", title="Evaluation",
+                              elem_id="eval-plot")
     with gr.Row(elem_id="eval-row"):
-        eval_plot = gr.LinePlot(_eval_frame(()), x="step", y="value", color="metric", title="Evaluation",
-                                height=260, elem_id="eval-plot", visible=False)
+        lr_plot = line_plot(_frame({}, "lr"), x="step", y="lr", title="Learning rate", elem_id="lr-plot")
         eval_info = gr.HTML("", elem_id="run-eval", visible=False)
-    latest = gr.Gallery(label="Samples: latest of each prompt", columns=4, height=300, object_fit="contain",
-                        elem_id="samples-latest", elem_classes=["samples"], allow_preview=True, fit_columns=False)
-    with gr.Accordion("Every sample, by step (newest first)", open=False, elem_id="samples-all-accordion"):
-        every = gr.Gallery(label="All samples", show_label=False, columns=4, height=480, object_fit="contain",
-                           elem_id="samples-all", elem_classes=["samples"], fit_columns=False)
+    # Samples as a grid, prompts down and steps across (app.sample_grid); a click enlarges one.
+    every = gr.HTML("", elem_id="samples-all", elem_classes=["samples"], visible=False)
     outputs = gr.File(label="Outputs: download the trained files", file_count="multiple", visible=False,
                       interactive=False, elem_id="run-outputs")
     with gr.Accordion("Log (last lines of train.log)", open=False, elem_id="log-accordion"):
@@ -103,20 +112,47 @@ def build(ctx) -> RunsTab:
         log = gr.Textbox(show_label=False, lines=14, max_lines=LOG_LINES + 10, interactive=False, autoscroll=True,
                          elem_id="run-log")
     return RunsTab(table, select, header, failed, progress, stop, resume, resume_overrides, delete, kill, confirm_row,
-                   confirm_text, confirm_yes, confirm_no, message, loss_plot, lr_plot, eval_plot, eval_info, latest, every,
+                   confirm_text, confirm_yes, confirm_no, kill_row, kill_text, kill_yes, kill_no, message, loss_plot, lr_plot, eval_plot, eval_info, every,
                    outputs, log, gr.State({}), gr.Timer(POLL_S))
+
+
+# Steps are whole numbers ("d", not Vega's "1.000000" for a one-point plot), their labels slanted so that neighbours
+# do not run together ("280300" at a narrow plot's end); values with at most 3 significant digits, trailing zeros
+# trimmed ("0.3", "0.0008").
+X_FORMAT, Y_FORMAT, X_LABEL_ANGLE = "d", ".3~g", -30
+
+
+def line_plot(value: pd.DataFrame, **kwargs: Any) -> gr.LinePlot:
+    """A plot of the Runs tab: steps across, hidden until its first point."""
+    return gr.LinePlot(value, x_axis_format=X_FORMAT, y_axis_format=Y_FORMAT, x_label_angle=X_LABEL_ANGLE,
+                       height=260, visible=False, **kwargs)
+
+
+def x_lim(steps: int) -> list | None:
+    """The step axis spans the whole planned run (it fills as the run goes, at whole-number ticks that do not
+    crowd at its end): none for a run of a few steps, whose fractional ticks would repeat a step number."""
+    return [0, steps] if steps >= 10 else None
 
 
 def _frame(series: dict, column: str) -> pd.DataFrame:
     return pd.DataFrame({"step": list(series), column: list(series.values())}, columns=["step", column])
 
 
-def _loss_frame(losses: dict, evaluated=()) -> pd.DataFrame:
-    """Each step's loss, its smoothed trend, and `evaluated` (step, label, value): the evaluations' losses."""
-    rows = [(step, "per step", value) for step, value in losses.items()]
-    rows += [(step, "smoothed", value) for step, value in R.smoothed(losses).items()]
+def _loss_series(losses: dict) -> tuple[tuple, tuple]:
+    """Each step's loss and its smoothed trend (smoothed over every step, then both thinned: app.runs.thin)."""
+    return tuple(R.thin(losses).items()), tuple(R.thin(R.smoothed(losses)).items())
+
+
+def _loss_rows_frame(per_step, trend, evaluated=()) -> pd.DataFrame:
+    rows = [(step, "per step", value) for step, value in per_step]
+    rows += [(step, "smoothed", value) for step, value in trend]
     rows += [(step, label, value) for step, label, value in evaluated]
     return pd.DataFrame(rows, columns=["step", "series", "loss"])
+
+
+def _loss_frame(losses: dict, evaluated=()) -> pd.DataFrame:
+    """Each step's loss, its smoothed trend, and `evaluated` (step, label, value): the evaluations' losses."""
+    return _loss_rows_frame(*_loss_series(losses), evaluated)
 
 
 def _eval_frame(rows) -> pd.DataFrame:
@@ -141,12 +177,11 @@ def eval_html(view: R.RunView | None) -> str:
              f'{images}</div><div class="eval-metrics">{metrics}</div>']
     best = view.best
     if best is not None:
-        metric = str(best.get("metric", ""))
-        value = R.as_number(best.get("value"))
+        metric, value = best.metric, best.value
         shown = "–" if value is None else R.fmt_metric(metric, value)
-        where = html.escape(str(best.get("path") or "checkpoints/best"))
-        parts.append(f'<div class="eval-best" data-step="{best.get("step")}">★ Best so far: step '
-                     f'<b>{best.get("step")}</b> ({html.escape(R.metric_label(metric))} {shown}), its weights kept in '
+        where = html.escape(best.path or "checkpoints/best")
+        parts.append(f'<div class="eval-best" data-step="{best.step}">★ Best so far: step '
+                     f'<b>{best.step}</b> ({html.escape(R.metric_label(metric))} {shown}), its weights kept in '
                      f'<code>{where}/</code></div>')
     rows = R.per_class_rows(latest)
     if rows:
@@ -158,13 +193,6 @@ def eval_html(view: R.RunView | None) -> str:
     return f'<div class="eval-box">{"".join(parts)}</div>'
 
 
-def _columns(prompts: int) -> int:
-    """Gallery columns: whole steps per row (prompts side by side), at least 4 images wide."""
-    if prompts <= 0:
-        return 4
-    return prompts * -(-4 // prompts) if prompts < 4 else prompts
-
-
 def progress_html(view: R.RunView | None) -> str:
     if view is None:
         return '<div class="progress empty">No run selected. Start one from the <b>New run</b> tab.</div>'
@@ -173,7 +201,8 @@ def progress_html(view: R.RunView | None) -> str:
     if view.active and not view.has_progress:
         parts.append("starting: loading the model (this takes a little while)")
     if view.status == "stopped":
-        parts.append("checkpoint saved: Resume continues from here")
+        saved = not isinstance(view.final, StoppedEvent) or view.final.checkpoint is not None
+        parts.append("checkpoint saved: Resume continues from here" if saved else "stopped before any checkpoint")
     if view.it_per_s:
         parts.append(f"{view.it_per_s:.2f} it/s")
     if view.active and view.eta_s is not None and view.has_progress:
@@ -235,110 +264,201 @@ def links_html(view: R.RunView) -> str:
     board = view.path / "tensorboard"
     if board.is_dir():
         links.append(f"TensorBoard: <code>tensorboard --logdir {html.escape(str(board))}</code>")
-    hub = (view.final or {}).get("hub") if view.status == "done" else None
+    hub = view.final.hub if isinstance(view.final, DoneEvent) and view.status == "done" else None
     if isinstance(hub, str) and hub.startswith(("https://", "http://")):
         url = html.escape(hub, quote=True)
         links.append(f'Hub: <a href="{url}" target="_blank" rel="noopener noreferrer">{url}</a>')
     return "".join(f"<div class='run-note run-link'>{link}</div>" for link in links)
 
 
+def resume_hint(view: R.RunView) -> str:
+    """Where Resume would continue from, read from the checkpoints on disk (not assumed)."""
+    ckpt = latest_checkpoint(view.path)
+    if ckpt is None:
+        return ("It saved no checkpoint, so Resume cannot continue it: start it again from the <b>New run</b> tab "
+                "(or Delete it).")
+    where = html.escape(str(ckpt.path.relative_to(view.path)))
+    return f"<b>Resume</b> continues from its newest checkpoint, <code>{where}</code> (step {ckpt.step})."
+
+
 def failed_html(view: R.RunView | None) -> str:
     if view is None or view.status not in ("failed", "unknown"):
         return ""
+    killed = isinstance(view.final, FailedEvent) and view.final.killed
     if view.status == "unknown":
-        reason = ("The run's processes are gone but it wrote no final event (the UI or machine that started it "
-                  "was restarted while it ran). Resume continues from its newest checkpoint.")
+        title = "It ended without a word"
+        reason = ("Its processes are gone and wrote no final event: they were killed from outside (SIGKILL, out of "
+                  "memory) or the machine went down. train.log's last lines may say more.")
     else:
-        reason = str((view.final or {}).get("reason", "no reason given"))
-    return (f'<div class="msg-box error"><b>Why it failed</b><pre class="reason">{html.escape(reason)}</pre>'
-            f'<div>Fix what it names, then press <b>Resume</b> (continues from the newest checkpoint) or start a new run.</div></div>')
+        title = "Killed" if killed else "Why it failed"
+        reason = view.final.reason if isinstance(view.final, FailedEvent) else "no reason given"
+    todo = "" if killed or view.status == "unknown" else "Fix what it names, then: "
+    return (f'<div class="msg-box error"><b>{title}</b><pre class="reason">{html.escape(reason)}</pre>'
+            f'<div class="resume-hint">{todo}{resume_hint(view)}</div></div>')
+
+
+@dataclass(frozen=True)
+class Shown:
+    """What every output is computed from: the runs, and the selected one (None when none is)."""
+    views: list[R.RunView]
+    view: R.RunView | None
+    runs_dir: Path
+
+
+def _visible(value) -> dict:
+    return gr.update(value=value, visible=bool(value))
+
+
+def _interactive(on: bool) -> dict:
+    return gr.update(interactive=on)
+
+
+def _as_is(value):
+    return value
+
+
+@dataclass(frozen=True)
+class Output:
+    """One output of the Runs tab, declared once: the RunsTab field it updates, what it shows (compared with what
+    is on screen, so it is sent only when it changed) and the update that shows it."""
+    name: str
+    value: Callable[[Shown], Any]
+    update: Callable[[Any], Any] = _as_is
+
+
+def _loss_update(value) -> dict:
+    per_step, trend, evaluated, steps = value
+    # Drawn (made visible) with their first point: Vega sizes the axes on the first draw.
+    return gr.update(value=_loss_rows_frame(per_step, trend, evaluated), visible=bool(per_step or evaluated),
+                     x_lim=x_lim(steps))
+
+
+def _steps(s: Shown) -> int:
+    return s.view.steps if s.view else 0
+
+
+def _running(s: Shown) -> bool:
+    return s.view is not None and s.view.status == "running"
+
+
+def _ended(s: Shown) -> bool:
+    return s.view is not None and not s.view.active
+
+
+# The Runs tab's outputs, in the order Gradio gets them: a new panel is one line here (and its component in build).
+OUTPUTS: tuple[Output, ...] = (
+    Output("table", lambda s: R.queue_rows(s.runs_dir) + R.run_rows(s.views), lambda v: gr.update(value=v)),
+    Output("select", lambda s: (tuple(v.name for v in s.views), s.view.name if s.view else None),
+           lambda v: gr.update(choices=list(v[0]), value=v[1])),
+    Output("header", lambda s: header_html(s.view)),
+    Output("failed", lambda s: failed_html(s.view), _visible),
+    Output("progress", lambda s: progress_html(s.view)),
+    Output("stop", _running, _interactive),
+    Output("resume", _ended, _interactive),
+    Output("delete", _ended, _interactive),
+    Output("kill", lambda s: s.view is not None and s.view.active, _interactive),
+    Output("loss_plot", lambda s: (*_loss_series(dict(sorted(s.view.losses.items()))), tuple(R.eval_losses(s.view)),
+                                   _steps(s)) if s.view else ((), (), (), 0), _loss_update),
+    Output("lr_plot", lambda s: (tuple(R.thin(dict(sorted(s.view.lrs.items()))).items()) if s.view else (),
+                                 _steps(s)),
+           lambda v: gr.update(value=_frame(dict(v[0]), "lr"), visible=bool(v[0]), x_lim=x_lim(v[1]))),
+    Output("eval_plot", lambda s: (tuple(R.eval_series(s.view)) if s.view else (), _steps(s)),
+           lambda v: gr.update(value=_eval_frame(v[0]), visible=bool(v[0]), x_lim=x_lim(v[1]))),
+    Output("eval_info", lambda s: eval_html(s.view), _visible),
+    Output("every", lambda s: grid_html(s.view), _visible),
+    Output("outputs", lambda s: tuple(R.output_files(s.view.path)) if s.view and s.view.status == "done" else (),
+           lambda v: gr.update(value=list(v) or None, visible=bool(v))),
+    Output("log", lambda s: R.log_tail(s.view.path, LOG_LINES) if s.view else ""),
+)
+# What render() updates, in its order: the outputs, then `seen` (what they show now).
+OUTPUT_NAMES = (*(o.name for o in OUTPUTS), "seen")
+
+
+class SharedRenders:
+    """The latest snapshot of each (runs folder, run), shared by every session: 20 pages polling a training run
+    cost about one snapshot a second, not 20 (each session still gets only what it lacks). A snapshot is reused
+    while the folder's fingerprint is the one it was made at, or for `fresh_s` after it was made (a training run
+    changes its folder every step); `seen` then carries that older fingerprint, so the next tick catches up. What
+    the fingerprint cannot see (a run prepared a moment ago counts as running for 10 s: app.runs) is looked at again
+    after `max_age_s`."""
+
+    def __init__(self, fresh_s: float = 1.0, max_age_s: float = 10.0, size: int = 64):
+        self.fresh_s, self.max_age_s, self.size, self._lock = fresh_s, max_age_s, size, threading.Lock()
+        self._data: OrderedDict[tuple, tuple[str, float, dict]] = OrderedDict()
+
+    def get(self, key: tuple, fingerprint: str, make: Callable[[], dict], fresh_ok: bool = True) -> tuple[str, dict]:
+        """(the fingerprint the snapshot was made at, the snapshot); `fresh_ok`: False after a user's action, whose
+        result must show at once."""
+        now = time.monotonic()
+        with self._lock:
+            found = self._data.get(key)
+            if found is not None:
+                made_at, made, data = found
+                recent = fresh_ok and now - made < self.fresh_s
+                if now - made < self.max_age_s and (made_at == fingerprint or recent):
+                    return made_at, data
+        data = make()  # outside the lock: two sessions may both make it, never wait on each other
+        with self._lock:
+            self._data[key] = (fingerprint, now, data)
+            self._data.move_to_end(key)
+            while len(self._data) > self.size:
+                self._data.popitem(last=False)
+        return fingerprint, data
+
+
+SHARED = SharedRenders()
 
 
 def snapshot(ctx, name: str | None) -> dict:
     """Every output's content for run `name`, keyed by output name."""
     views = R.list_runs(ctx.jobs.runs_dir)
-    names = [v.name for v in views]
-    view = next((v for v in views if v.name == name), None)
-    data = {
-        "table": R.queue_rows(ctx.jobs.runs_dir) + R.run_rows(views),
-        "select": (tuple(names), name if view else None),
-        "header": header_html(view),
-        "failed": failed_html(view),
-        "progress": progress_html(view),
-        "buttons": (view.status == "running" if view else False,
-                    (not view.active) if view else False,
-                    (not view.active) if view else False,
-                    view.active if view else False),
-        "loss": tuple(sorted(view.losses.items())) if view else (),
-        "val_loss": tuple(R.eval_losses(view)) if view else (),
-        "lr": tuple(sorted(view.lrs.items())) if view else (),
-        "eval_plot": tuple(R.eval_series(view)) if view else (),
-        "eval": eval_html(view),
-        "latest": tuple(R.latest_samples(view)) if view else (),
-        "every": tuple(R.all_samples(view)) if view else (),
-        "columns": _columns(R.prompt_count(view)) if view else 4,
-        "outputs": tuple(R.output_files(view.path)) if view and view.status == "done" else (),
-        "log": R.log_tail(view.path, LOG_LINES) if view else "",
-    }
-    return data
+    shown = Shown(views, next((v for v in views if v.name == name), None), Path(ctx.jobs.runs_dir))
+    return {o.name: o.value(shown) for o in OUTPUTS}
 
 
 def render(data: dict, seen: dict) -> list:
-    """Updates for RunsTab.outputs() (gr.skip() for what did not change since `seen`)."""
-    def changed(key):
-        return seen.get(key) != data[key]
-
-    names, selected = data["select"]
-    stop_on, resume_on, delete_on, kill_on = data["buttons"]
-    out = [
-        gr.update(value=data["table"]) if changed("table") else gr.skip(),
-        gr.update(choices=list(names), value=selected) if changed("select") else gr.skip(),
-        data["header"] if changed("header") else gr.skip(),
-        gr.update(value=data["failed"], visible=bool(data["failed"])) if changed("failed") else gr.skip(),
-        data["progress"] if changed("progress") else gr.skip(),
-        *([gr.update(interactive=stop_on), gr.update(interactive=resume_on), gr.update(interactive=delete_on),
-           gr.update(interactive=kill_on)] if changed("buttons") else [gr.skip()] * 4),
-        # Drawn (made visible) with their first point: Vega sizes the axes on the first draw.
-        gr.update(value=_loss_frame(dict(data["loss"]), data["val_loss"]),
-                  visible=bool(data["loss"] or data["val_loss"])) if changed("loss") or changed("val_loss") else gr.skip(),
-        gr.update(value=_frame(dict(data["lr"]), "lr"), visible=bool(data["lr"])) if changed("lr") else gr.skip(),
-        gr.update(value=_eval_frame(data["eval_plot"]), visible=bool(data["eval_plot"]))
-        if changed("eval_plot") else gr.skip(),
-        gr.update(value=data["eval"], visible=bool(data["eval"])) if changed("eval") else gr.skip(),
-        gr.update(value=list(data["latest"]) or None) if changed("latest") else gr.skip(),
-        gr.update(value=list(data["every"]) or None, columns=data["columns"])
-        if changed("every") or changed("columns") else gr.skip(),
-        gr.update(value=list(data["outputs"]) or None, visible=bool(data["outputs"])) if changed("outputs") else gr.skip(),
-        data["log"] if changed("log") else gr.skip(),
-        {k: v for k, v in data.items()},
-    ]
-    return out
+    """Updates for RunsTab.outputs() (gr.skip() for what did not change since `seen`), then the new `seen`."""
+    return [o.update(data[o.name]) if seen.get(o.name) != data[o.name] else gr.skip() for o in OUTPUTS] + [dict(data)]
 
 
-def refresh(ctx, name: str | None, seen: dict | None) -> list:
+def by_name(updates: list) -> dict:
+    """render()'s updates keyed by output name."""
+    return dict(zip(OUTPUT_NAMES, updates))
+
+
+def refresh(ctx, name: str | None, seen: dict | None, fresh_ok: bool = False) -> list:
     """Updates for RunsTab.outputs() showing run `name` now, relative to `seen` (what is on screen)."""
     # The fingerprint is taken before the snapshot (a change in between re-renders on the next tick) and travels
     # in `seen` with what was rendered. Responses can arrive out of order (a queued Stop's refresh after a later
     # tick's); whichever lands last, the next tick compares against what is on screen. With the fingerprint kept
     # apart, a stale 'stopping' that landed after the tick that rendered 'stopped' stayed for good (seen on CI).
     now = R.fingerprint(ctx.jobs.runs_dir, name)
-    return render({**snapshot(ctx, name), "fingerprint": now}, seen or {})
+    made_at, data = SHARED.get((str(ctx.jobs.runs_dir), name), now, lambda: snapshot(ctx, name), fresh_ok)
+    return render({**data, "fingerprint": made_at}, seen or {})
 
 
 def tick(ctx, name: str | None, seen: dict | None) -> list:
     """The timer's poll: nothing (gr.skip() everywhere) while the runs folder's fingerprint is what `seen` shows."""
     if R.fingerprint(ctx.jobs.runs_dir, name) == (seen or {}).get("fingerprint"):
         return [gr.skip()] * len(OUTPUT_NAMES)
-    return refresh(ctx, name, seen)
-
-
-# What render() updates, in its order.
-OUTPUT_NAMES = ("table", "select", "header", "failed", "progress", "stop", "resume", "delete", "kill", "loss_plot",
-                "lr_plot", "eval_plot", "eval_info", "latest", "every", "outputs", "log", "seen")
+    return refresh(ctx, name, seen, fresh_ok=True)  # a poll may show a snapshot up to SHARED.fresh_s old
 
 
 def outputs_of(t: RunsTab) -> list:
     return [getattr(t, name) for name in OUTPUT_NAMES]
+
+
+def ask_kill(ctx, name: str | None):
+    """The Kill confirmation: what a kill loses, from the checkpoints on disk."""
+    try:
+        run_dir = ctx.jobs.run_dir(name or "")
+    except UserError:
+        return gr.skip(), gr.skip()
+    ckpt = latest_checkpoint(run_dir)
+    kept = (f"its newest checkpoint is step {ckpt.step}; the steps after it are lost" if ckpt else
+            "it has saved no checkpoint yet, so it cannot be resumed afterwards")
+    return gr.update(visible=True), (f"Kill run **{name}** now? Its processes get SIGTERM, then SIGKILL after 10 "
+                                     f"seconds; {kept}. **Stop** ends it after this step with a checkpoint instead.")
 
 
 def pick_default(ctx) -> str | None:
@@ -348,7 +468,7 @@ def pick_default(ctx) -> str | None:
     return candidates[0].name if candidates else None
 
 
-def wire(ctx, t: RunsTab) -> None:
+def wire(ctx, t: RunsTab, tabs: gr.Tabs) -> None:
     outs = outputs_of(t)
 
     def refresh_(name, seen):
@@ -371,7 +491,12 @@ def wire(ctx, t: RunsTab) -> None:
     t.table.select(on_table_select, outputs=[t.select]).then(
         lambda name: refresh_(name, {}), inputs=[t.select], outputs=outs, show_progress="hidden")
 
-    ctx.blocks.load(lambda: refresh_(pick_default(ctx), {}), outputs=outs, show_progress="hidden", api_name="runs")
+    def open_runs_if_training():  # a page opened (or reloaded) while a run trains shows that run
+        return gr.Tabs(selected="runs") if any(v.active for v in R.list_runs(ctx.jobs.runs_dir)) else gr.skip()
+
+    # The tab first, then what it shows: plots drawn while the tab was being switched to stayed blank boxes.
+    ctx.blocks.load(open_runs_if_training, outputs=[tabs], show_progress="hidden").then(
+        lambda: refresh_(pick_default(ctx), {}), outputs=outs, show_progress="hidden", api_name="runs")
 
     def act(fn, done: str):
         def handler(name, *args):
@@ -386,9 +511,15 @@ def wire(ctx, t: RunsTab) -> None:
                 show_progress="hidden")
     t.stop.click(act(ctx.jobs.stop, "Stopping {name}: it saves a checkpoint at the end of this step, then shows "
                                     "'stopped'."), inputs=[t.select], outputs=[t.message]).then(**then)
-    t.kill.click(act(ctx.jobs.kill, "Killing {name}: its processes get SIGTERM now (they save a checkpoint if they "
-                                    "still can) and SIGKILL after 10 seconds."),
-                 inputs=[t.select], outputs=[t.message]).then(**then)
+    t.kill.click(lambda name: ask_kill(ctx, name), inputs=[t.select], outputs=[t.kill_row, t.kill_text])
+    t.kill_no.click(lambda: gr.update(visible=False), outputs=[t.kill_row])
+
+    def do_kill(name):
+        message = act(ctx.jobs.kill, "Killing {name}: SIGTERM now, SIGKILL after 10 seconds; the box above says "
+                                     "how it ended.")(name)
+        return gr.update(visible=False), message
+
+    t.kill_yes.click(do_kill, inputs=[t.select], outputs=[t.kill_row, t.message]).then(**then)
 
     def do_resume(name, overrides):
         ctx.jobs.resume(name, (overrides or "").split())

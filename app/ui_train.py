@@ -162,7 +162,7 @@ def wire(ctx, t: TrainTab) -> None:
         value = forms.from_widget(SPEC[key], raw)
         if shown and key in values and values[key] == value:
             return [gr.skip()] * len(field_outputs)
-        new = {**values, key: value}
+        new = {**forms.without_yaml_error(values), key: value}  # the form rewrites the YAML whole
         return [new, forms.to_yaml(new), "", *feedback(new, shown, checked(new))]
 
     def on_value(key):
@@ -191,7 +191,11 @@ def wire(ctx, t: TrainTab) -> None:
         try:
             new = forms.from_yaml(text)
         except forms.YamlError as exc:
-            return [gr.skip(), f'<div class="msg-box error">{html.escape(str(exc))}</div>', *skip]
+            # Listed next to Start too (and Start refuses): the form's values stay as they were, but are not what
+            # the editor says, so nothing may start from them.
+            broken = forms.with_yaml_error(forms.without_yaml_error(values), str(exc))
+            return [broken, f'<div class="msg-box error">{html.escape(str(exc))}</div>',
+                    *feedback(broken, shown, checked(broken)), *[gr.skip()] * len(fields)]
         if new == values and shown:  # the form rewrote the YAML: already in sync
             return [gr.skip(), "", *skip]
         return [new, "", *feedback(new, shown, checked(new)), *field_updates(values, new)]
@@ -220,6 +224,8 @@ def wire(ctx, t: TrainTab) -> None:
                     show_progress="hidden", **FORM_QUEUE)
 
     def on_save(name, values):
+        if values.get(forms.YAML_ERROR):
+            return gr.skip(), f'<div class="msg-box error">Not saved: {html.escape(values[forms.YAML_ERROR])}</div>'
         try:
             preset_id = ctx.presets.save(name, values, ctx.workspace)
         except (UserError, OSError) as exc:

@@ -190,11 +190,11 @@ def _worker_main() -> int:
     usage_marks: list[list[float]] = []
     emit = trainer.core.events.EventLog.emit
 
-    def emit_with_cpu_time(self, type: str, **fields) -> dict:
-        if type == "progress":
+    def emit_with_cpu_time(self, typed) -> dict:
+        if typed.kind == "progress":
             cpu_marks.append(time.process_time())
             usage_marks.append(usage_mark())
-        return emit(self, type, **fields)
+        return emit(self, typed)
 
     trainer.core.events.EventLog.emit = emit_with_cpu_time
     code = 1

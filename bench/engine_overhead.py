@@ -309,7 +309,7 @@ def breakdown(config, plan, warmup_calls: int = 200, calls: int = 2000) -> list[
     import torch
     from trainer.families.components.captioned import sample_rng, torch_generator
     from trainer.core.data.stream import BatchStream, position_seed
-    from trainer.core.events import EventLog
+    from trainer.core.events import EventLog, ProgressEvent
     from trainer.families.components import noise as diffusion
     from trainer.engine.loop import Throughput, _reduce_step
     from trainer.core.stopping import StopRequest
@@ -345,7 +345,8 @@ def breakdown(config, plan, warmup_calls: int = 200, calls: int = 2000) -> list[
          lambda: _reduce_step(losses, False, torch.device("cpu"))),
         ("StopRequest.requested() (stat of STOP)", "step", stop.requested),
         ("EventLog.emit('progress') (open/append/close)", "step",
-         lambda: log.emit("progress", step=1, steps=70, loss=0.1, lr=1e-3, samples_per_s=30.0, eta_s=1.0, epoch=0.25)),
+         lambda: log.emit(ProgressEvent(step=1, steps=70, loss=0.1, lr=1e-3, samples_per_s=30.0, eta_s=1.0,
+                                        epoch=0.25))),
         ("Throughput.tick + rate + eta", "step", lambda: (thr.tick(4), thr.rate(), thr.eta(10, 4))),
     ]
     out = []

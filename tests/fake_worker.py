@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from trainer.core.events import EventLog
+from trainer.core.events import CheckpointEvent, DoneEvent, EventLog, ProgressEvent, StoppedEvent
 from trainer.engine.heartbeat import Heartbeat
 
 
@@ -83,19 +83,19 @@ def main() -> int:
         stopping = t[1].item() > 0
         if log:
             rate = step / max(time.time() - start, 1e-6)
-            log.emit("progress", step=step, steps=steps, loss=1.0 / step, lr=1e-4, world_size=world,
-                     samples_per_s=rate * plan["total"], eta_s=(steps - step) / rate)
+            log.emit(ProgressEvent(step=step, steps=steps, loss=1.0 / step, lr=1e-4, extra={"world_size": world},
+                                   samples_per_s=rate * plan["total"], eta_s=(steps - step) / rate))
         if stopping or (every and step % every == 0 and step < steps):
             path = save_checkpoint(run_dir, step, rank)
             if log:
-                log.emit("checkpoint", step=step, path=str(path.relative_to(run_dir)))
+                log.emit(CheckpointEvent(step=step, path=str(path.relative_to(run_dir))))
             if stopping:
                 if log:
-                    log.emit("stopped", step=step, checkpoint=str(path.relative_to(run_dir)))
+                    log.emit(StoppedEvent(step=step, checkpoint=str(path.relative_to(run_dir))))
                 dist.destroy_process_group()
                 return 0
     if log:
-        log.emit("done", step=step, outputs=[])
+        log.emit(DoneEvent(step=step, outputs=[]))
     dist.barrier()
     dist.destroy_process_group()
     return 0

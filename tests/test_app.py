@@ -126,6 +126,21 @@ def test_yaml_syntax_errors_and_unknown_keys_are_reported():
     assert any("trian.steps: unknown key" in p and "train.steps" in p for p in check.other_errors)
 
 
+def test_a_yaml_parse_error_is_the_problem_next_to_start_not_what_an_earlier_text_parsed_to():
+    """While the editor's text does not parse, the values the form last had (here a half-typed key) are not what
+    the editor says: the only problem listed (and Start's refusal) is the parse error; the YAML written from the
+    values never holds the marker."""
+    half_typed = {**forms.from_yaml("model: {path: demo://tiny-sd}\ndata: {path: demo://demo-data}"), "tversion": 1}
+    with pytest.raises(forms.YamlError) as caught:
+        forms.from_yaml("tversion: 1\ntrain: {steps: 40\n")
+    broken = forms.with_yaml_error(half_typed, str(caught.value))
+    check = check_values(broken, CPU)
+    assert not check.ok and check.problem_count == 1 and not check.field_errors
+    assert check.other_errors[0].startswith("YAML: ") and "Fix the YAML editor's text" in check.other_errors[0]
+    assert "tversion" not in check.other_errors[0] and forms.YAML_ERROR not in forms.to_yaml(broken)
+    assert forms.without_yaml_error(broken) == half_typed
+
+
 def test_widget_text_converts_to_typed_values():
     spec = forms.SPEC
     assert forms.from_widget(spec["train.lr"], "1e-4") == 1e-4
@@ -219,7 +234,7 @@ def test_a_hand_made_run_folder_reads_into_the_runs_page(tmp_path):
         {"type": "failed", "reason": "Rank 0 was killed by SIGKILL. Lower batch.per_device."},
     ])
     view = read_run(run, EventCache())
-    assert view.status == "failed" and "SIGKILL" in view.final["reason"]
+    assert view.status == "failed" and "SIGKILL" in view.final.reason
     assert (view.step, view.steps, view.family, view.method) == (3, 12, "sd", "lora")
     assert view.losses == {1: 0.9, 2: 0.8, 3: 0.65}  # a step trained again after resuming replaces the old point
     assert view.it_per_s == pytest.approx(2.0)  # samples/s over the batch
@@ -260,10 +275,10 @@ def test_event_cache_reads_only_complete_new_lines(tmp_path):
     assert len(cache.events(run)) == 1
     with open(run / "events.jsonl", "a") as f:
         f.write(json.dumps(progress(1, 1.0)) + "\n" + '{"type": "progr')
-    assert [e["type"] for e in cache.events(run)] == ["plan", "progress"]
+    assert [e.kind for e in cache.events(run)] == ["plan", "progress"]
     with open(run / "events.jsonl", "a") as f:
         f.write('ess", "step": 2, "loss": 0.5}\n')
-    assert [e.get("step") for e in cache.events(run)] == [None, 1, 2]
+    assert [getattr(e, "step", None) for e in cache.events(run)] == [None, 1, 2]
     (run / "events.jsonl").write_text(json.dumps(PLAN) + "\n")  # rewritten: read again from the start
     assert len(cache.events(run)) == 1
 
@@ -300,6 +315,45 @@ def test_the_run_header_links_the_tensorboard_folder_and_the_hub_repo_and_escape
     assert "Hub:" not in ui_runs.header_html(read_run(planted, EventCache()))
 
 
+def test_a_killed_run_says_it_was_killed_and_where_it_can_go_on_from(tmp_path):
+    """Kill is confirmed first, naming what it loses; afterwards the page says Kill ended it and names the
+    checkpoint Resume would use only if there is one (no "UI restarted", no checkpoint that does not exist)."""
+    import subprocess
+    import sys
+
+    from app import ui_runs
+    from app.jobs import HardwareCache, Jobs
+    from trainer.core.launcher import kill_run
+    from trainer.core.runlock import identity
+
+    ctx = type("Ctx", (), {"jobs": Jobs(tmp_path, HardwareCache(hw=CPU))})()
+    # A run whose launcher is another process that does not write an ending (a UI restarted since it started it).
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        run = write_run(tmp_path, "k", [PLAN, progress(1, 0.9)])
+        (run / "launcher.pid").write_text(identity(sleeper.pid))
+        shown, text = ui_runs.ask_kill(ctx, "k")
+        assert shown["visible"] is True and "Kill run **k** now?" in text and "no checkpoint yet" in text
+        assert kill_run(run, grace_s=5) and sleeper.wait(timeout=10) is not None
+    finally:
+        sleeper.kill()
+    view = read_run(run, EventCache())
+    assert view.status == "failed" and view.final.killed
+    box = ui_runs.failed_html(view)
+    assert "<b>Killed</b>" in box and "saved no checkpoint" in box and "restarted" not in box
+    assert "Resume</b> continues" not in box and "Fix what it names" not in box
+
+    # With a checkpoint on disk, both the confirmation and the box name it.
+    (run / "checkpoints" / "step-000003").mkdir(parents=True)
+    (run / "checkpoints" / "step-000003" / "COMPLETE").write_text("")
+    assert "newest checkpoint is step 3" in ui_runs.ask_kill(ctx, "k")[1]
+    assert "<code>checkpoints/step-000003</code> (step 3)" in ui_runs.failed_html(read_run(run, EventCache()))
+    # A run whose processes vanished without a word: told so, without guessing a UI restart.
+    gone = read_run(write_run(tmp_path, "gone", [PLAN, progress(1, 0.9)]), EventCache())
+    assert gone.status == "unknown" and "restarted" not in ui_runs.failed_html(gone)
+    assert "saved no checkpoint" in ui_runs.failed_html(gone)
+
+
 def test_runs_page_sends_only_what_changed(tmp_path):
     from app import ui_runs
     from app.jobs import HardwareCache, Jobs
@@ -308,7 +362,8 @@ def test_runs_page_sends_only_what_changed(tmp_path):
     ctx = type("Ctx", (), {"jobs": Jobs(tmp_path, HardwareCache(hw=CPU))})()
     data = ui_runs.snapshot(ctx, "r")
     assert "step <b class='step' data-step='1'>1</b> / 10" in data["progress"] and "loss 0.9000" in data["progress"]
-    assert data["buttons"] == (False, True, True, False)  # ended without a final event, no pid: resumable
+    # ended without a final event, no pid: resumable
+    assert [data[b] for b in ("stop", "resume", "delete", "kill")] == [False, True, True, False]
     done = write_run(tmp_path, "d", [PLAN, progress(10, 0.5), {"type": "done", "step": 10, "outputs": []}])
     (done / "output" / "diffusers").mkdir(parents=True)
     (done / "output" / "pytorch_lora_weights.safetensors").write_bytes(b"x" * 10)
@@ -323,12 +378,73 @@ def test_runs_page_sends_only_what_changed(tmp_path):
     assert all(u == {"__type__": "update"} for u in again[:-1])  # gr.skip() everywhere
 
 
-def test_a_stale_response_landing_last_is_corrected_by_the_next_tick(tmp_path):
+def test_samples_show_as_a_grid_of_prompts_down_and_steps_across(tmp_path):
+    from app.sample_grid import grid_html
+
+    run = write_run(tmp_path, "g", [PLAN, sample(0, 0, "a <cat>"), sample(0, 1, "a dog"), sample(2, 0, "a <cat>"),
+                                    {"type": "sample", "step": 4, "prompt": "a dog", "index": 1,
+                                     "path": "samples/missing.png"}])
+    (run / "samples" / "missing.png").unlink()
+    grid = grid_html(read_run(run, EventCache()))
+    # Two prompts (rows) x the steps whose images exist (columns, oldest first); a prompt not drawn at a step
+    # leaves its cell empty; a file not (yet) on disk is not a column.
+    assert grid.count('class="grid-prompt"') == 2 and [s for s in ("0", "2", "4") if f'data-step="{s}"' in grid] == \
+        ["0", "2"]
+    assert grid.index("a &lt;cat&gt;") < grid.index("a dog") and grid.count('class="grid-empty"') == 1
+    # Each image comes from Gradio's file route under the run folder (a page-relative URL) and enlarges on click.
+    assert f'src="gradio_api/file={run}/samples/' in grid and grid.count('class="grid-zoom"') == 3
+    assert 'href="#sample-g-2-0"' in grid and 'id="sample-g-2-0"' in grid
+    assert grid_html(read_run(write_run(tmp_path, "none", [PLAN, progress(1, 0.9)]), EventCache())) == ""
+
+
+def test_plots_count_steps_in_whole_numbers_over_the_planned_run(tmp_path):
+    from app import ui_runs
+    from app.jobs import HardwareCache, Jobs
+
+    write_run(tmp_path, "r", [PLAN, progress(1, 0.9), progress(2, 0.8)])
+    ctx = type("Ctx", (), {"jobs": Jobs(tmp_path, HardwareCache(hw=CPU))})()
+    updates = ui_runs.by_name(ui_runs.render(ui_runs.snapshot(ctx, "r"), {}))
+    # Drawn from the first points, over the whole planned run (10 steps), so the axis does not rescale each tick.
+    assert updates["loss_plot"]["visible"] is True and updates["loss_plot"]["x_lim"] == [0, 10]
+    assert updates["lr_plot"]["x_lim"] == [0, 10] and updates["eval_plot"]["visible"] is False
+    assert ui_runs.X_FORMAT == "d" and ui_runs.x_lim(3) is None  # no repeated step numbers
+
+
+def test_sessions_share_one_render_per_folder_state_and_long_plots_are_thinned(tmp_path, monkeypatch):
+    from app import runs as R
+    from app import ui_runs
+    from app.jobs import HardwareCache, Jobs
+
+    write_run(tmp_path, "r", [PLAN, *(progress(s, 1.0 / s) for s in range(1, 1301))])
+    ctx = type("Ctx", (), {"jobs": Jobs(tmp_path, HardwareCache(hw=CPU))})()
+    made = []
+    real = ui_runs.snapshot
+    monkeypatch.setattr(ui_runs, "snapshot", lambda *a: made.append(1) or real(*a))
+    monkeypatch.setattr(ui_runs, "SHARED", ui_runs.SharedRenders())
+    sessions = [ui_runs.refresh(ctx, "r", {}) for _ in range(20)]
+    assert len(made) == 1 and all(s[-1] == sessions[0][-1] for s in sessions[1:])  # one render, 20 pages
+    # 1300 steps reach the browser as at most 600 points a line, the last step kept.
+    frame = ui_runs.by_name(sessions[0])["loss_plot"]["value"]
+    per_step = frame[frame.series == "per step"]
+    assert len(per_step) <= R.PLOT_POINTS + 1 and per_step.step.max() == 1300 and per_step.step.min() == 1
+    assert R.thin({1: 1.0, 2: 2.0}) == {1: 1.0, 2: 2.0}
+    with open(tmp_path / "r" / "events.jsonl", "a") as f:  # a training step: the folder changes
+        f.write(json.dumps(progress(1301, 0.1)) + "\n")
+    monkeypatch.setattr(ui_runs.SHARED, "fresh_s", 3600.0)  # polls within fresh_s share the last snapshot...
+    polled = [ui_runs.tick(ctx, "r", s[-1]) for s in sessions]
+    assert len(made) == 1 and all(p[-1]["fingerprint"] == sessions[0][-1]["fingerprint"] for p in polled)
+    monkeypatch.setattr(ui_runs.SHARED, "fresh_s", 0.0)  # ...and catch up after it, rendering once for all
+    again = [ui_runs.tick(ctx, "r", p[-1]) for p in polled]
+    assert len(made) == 2 and "1301" in ui_runs.by_name(again[0])["progress"]
+
+
+def test_a_stale_response_landing_last_is_corrected_by_the_next_tick(tmp_path, monkeypatch):
     """Responses can land out of order (a queued Stop's refresh after a later tick's): the page must not stay on
     the stale one. The fingerprint travels in `seen`, so the next tick compares with what is on screen."""
     from app import ui_runs
     from app.jobs import HardwareCache, Jobs
 
+    monkeypatch.setattr(ui_runs.SHARED, "fresh_s", 0.0)  # ticks a poll apart (a shared snapshot is reused 1 s)
     run = write_run(tmp_path, "r", [PLAN, progress(1, 0.9)])
     ctx = type("Ctx", (), {"jobs": Jobs(tmp_path, HardwareCache(hw=CPU))})()
     header = ui_runs.OUTPUT_NAMES.index("header")
@@ -352,7 +468,7 @@ def detection_run(tmp_path):
 def test_detection_runs_show_map_per_class_ap_and_the_best_step(detection_run):
     view = read_run(detection_run, EventCache())
     assert (view.status, view.family, sorted(view.evals)) == ("done", "detection", [5, 10])
-    assert view.best["step"] == 5 and view.best["metric"] == "map"
+    assert view.best.step == 5 and view.best.metric == "map"
     assert eval_series(view) == [(5, "mAP", 0.42), (5, "mAP50", 0.61), (10, "mAP", 0.4), (10, "mAP50", 0.58)]
     assert per_class_rows(view.evals[10]) == [("circle", 0.5, 0.75), ("square", 0.3, 0.41), ("<tri>", None, None)]
 
@@ -367,18 +483,19 @@ def test_detection_runs_show_map_per_class_ap_and_the_best_step(detection_run):
 
     ctx = type("Ctx", (), {"jobs": Jobs(detection_run.parent, HardwareCache(hw=CPU))})()
     data = ui_runs.snapshot(ctx, "detector")
-    assert data["eval_plot"] == tuple(eval_series(view))
-    box = data["eval"]
+    assert data["eval_plot"][0] == tuple(eval_series(view))
+    box = data["eval_info"]
     assert "step <b class=\"eval-step\">10</b> on 8 validation images" in box
     assert "mAP <b>0.400</b> · mAP50 <b>0.580</b> · mAP75 <b>0.360</b> · mAR100 <b>0.464</b>" in box
     assert "Best so far: step <b>5</b> (mAP 0.420)" in box and "checkpoints/best/" in box
     assert "<td>circle</td><td>0.500</td><td>0.750</td>" in box
     assert "<td>&lt;tri&gt;</td><td>–</td><td>–</td>" in box  # a class without ground truth: no AP, escaped
-    assert data["columns"] == 6  # three images per step (two predictions, the curve): two steps a row
-    updates = dict(zip(["eval_plot", "eval"], ui_runs.render(data, {})[11:13]))
+    # The grid: the two validation images and the curve down, the two evaluated steps across.
+    assert data["every"].count('class="grid-prompt"') == 3 and data["every"].count('class="grid-step"') == 2
+    updates = ui_runs.by_name(ui_runs.render(data, {}))
     assert updates["eval_plot"]["visible"] is True and list(updates["eval_plot"]["value"].columns) == \
         ["step", "metric", "value"]
-    assert updates["eval"]["visible"] is True and updates["eval"]["value"] == box
+    assert updates["eval_info"]["visible"] is True and updates["eval_info"]["value"] == box
 
 
 def test_runs_without_evaluations_show_no_evaluation_row(tmp_path):
@@ -388,9 +505,9 @@ def test_runs_without_evaluations_show_no_evaluation_row(tmp_path):
     write_run(tmp_path, "sd", [PLAN, progress(1, 0.9), sample(1, 0, "a cat")])
     ctx = type("Ctx", (), {"jobs": Jobs(tmp_path, HardwareCache(hw=CPU))})()
     data = ui_runs.snapshot(ctx, "sd")
-    assert data["eval_plot"] == () and data["eval"] == ""
-    eval_plot, eval_box = ui_runs.render(data, {})[11:13]
-    assert eval_plot["visible"] is False and eval_box["visible"] is False
+    assert data["eval_plot"][0] == () and data["eval_info"] == ""
+    updates = ui_runs.by_name(ui_runs.render(data, {}))
+    assert updates["eval_plot"]["visible"] is False and updates["eval_info"]["visible"] is False
     # An evaluation without a best metric or classes (another family's metrics) still shows its numbers.
     run = write_run(tmp_path, "other", [PLAN, {"type": "eval", "step": 4, "fid": 31.5, "note": "x"}])
     view = read_run(run, EventCache())
@@ -424,6 +541,24 @@ def test_presets_list_demo_first_and_save_sparse_user_presets(tmp_path):
 
 # ----------------------------------------------------------------------------------------------------------------
 # Dataset check
+
+
+def test_the_dataset_check_reads_the_folder_at_the_run_settings_resolution(tmp_path):
+    """Fields left empty in the Dataset check tab are the New run tab's: the demo's 64 px images are not all
+    "smaller than the resolution" (a fixed 512 flagged every one); a typed value still wins."""
+    from app.dataset_check import check_dataset
+    from app.dataset_check import filled
+
+    values = {**demo_values(), "data.path": str(tmp_path)}
+    for i in range(2):
+        Image.new("RGB", (64, 64)).save(tmp_path / f"{i}.png")
+        (tmp_path / f"{i}.txt").write_text("a yellow circle")
+    args = filled("", "", "", None, values)
+    assert args == (str(tmp_path), values["data.instance_prompt"] or "", ".txt", 64)
+    report = check_dataset(*args)
+    assert "**2 images**" in report.summary_md and "smaller than the resolution" not in report.problems_html
+    assert filled("other", "a dog", ".caption", 512, values) == ("other", "a dog", ".caption", 512)
+    assert "smaller than the resolution 512" in check_dataset(*filled("", "", "", 512, values)).problems_html
 
 
 def test_dataset_check_reports_counts_repeats_and_problems(tmp_path):
@@ -553,7 +688,7 @@ def test_the_page_builds_with_every_part(tmp_path):
     blocks = build_ui(ctx)
     ids = {getattr(b, "elem_id", None) for b in blocks.blocks.values()}
     for elem_id in ("preset", "plan-line", "start-button", "yaml-editor", "run-select", "run-progress", "loss-plot",
-                    "lr-plot", "eval-plot", "run-eval", "samples-latest", "samples-all", "stop-button", "resume-button", "delete-button",
+                    "lr-plot", "eval-plot", "run-eval", "samples-all", "stop-button", "resume-button", "delete-button",
                     "run-outputs", "run-log", "dataset-path", "dataset-gallery", "field-train-lr", "err-train-lr"):
         assert elem_id in ids, elem_id
 

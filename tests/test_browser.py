@@ -160,6 +160,14 @@ def scenario(page, app, stage):
     shot(page, "03-error-at-the-field")
     stage("error shown at train.lr")
 
+    # A YAML syntax error is the problem listed next to Start (not a key of what was typed before it).
+    page.click("#yaml-editor .cm-content")
+    page.keyboard.press("Control+A")
+    page.keyboard.press("Delete")
+    page.keyboard.insert_text("tversion: 1\ntrain: {steps: 40\n")
+    wait_text(page, "#problems", "YAML: ")
+    assert "train.lr" not in page.inner_text("#problems") and "tversion" not in page.inner_text("#problems")
+
     # The YAML editor drives the form: a short CPU run.
     page.click("#yaml-editor .cm-content")
     page.keyboard.press("Control+A")
@@ -196,7 +204,7 @@ def scenario(page, app, stage):
     stage("run started")
 
     # Progress, a loss point and samples arrive while it trains.
-    wait_for(page, "document.querySelectorAll('#samples-latest img').length >= 1", timeout=240)
+    wait_for(page, "document.querySelectorAll('#samples-all td img').length >= 1", timeout=240)
     wait_for(page, "Number(document.querySelector('#run-progress .step')?.dataset.step) >= 2", timeout=120)
     assert re.search(r"loss \d\.\d{4}", page.inner_text("#run-progress"))
     assert re.search(r"\d\.\d\d it/s", page.inner_text("#run-progress"))
@@ -224,20 +232,37 @@ def scenario(page, app, stage):
     wait_text(page, "#run-status", "running")
     wait_for(page, f"Number(document.querySelector('#run-progress .step')?.dataset.step) > {stopped_at}",
              timeout=240)
-    page.click("#samples-all-accordion .label-wrap")  # every earlier step, to compare
-    wait_for(page, "document.querySelectorAll('#samples-all img').length >= 4", timeout=120)
     page.click("#log-accordion .label-wrap")
+    # (first: sample lines soon push it out of the log's last lines)
     # this launch's part of train.log: its command line (a one-process run is its worker, without torchrun's
     # [rank0] prefixes)
     wait_for(page, "(document.querySelector('#run-log textarea')?.value || '').includes('--resume')", timeout=30)
+    # The loss plot is drawn on the page's first load too (it was a blank box when the tab was switched to).
+    wait_for(page, "(() => { const c = document.querySelector('#loss-plot canvas, #loss-plot svg');"
+                   " const r = c?.getBoundingClientRect(); return r && r.width > 100 && r.height > 100; })()",
+             timeout=30)
+    # Samples as a grid, prompts down and steps across; a click enlarges one.
+    wait_for(page, "document.querySelectorAll('#samples-all .grid-step').length >= 2", timeout=120)
+    # (the newest step's: the grid keeps the newest 24 steps, so an older column may leave it as the run goes on)
+    page.click("#samples-all tbody tr:first-child td:last-child a")
+    wait_for(page, "(() => { const zoom = document.querySelector('#samples-all .grid-zoom:target');"
+                   " return !!zoom && getComputedStyle(zoom).position === 'fixed'; })()", what="the enlarged sample")
+    page.click("#samples-all .grid-zoom:target")
+    wait_for(page, "!document.querySelector('#samples-all .grid-zoom:target')")
     shot(page, "07-resumed-and-followed-after-reload", full_page=True)
     stage("progress after reload")
 
     # Kill: SIGTERM to the process group (the workers still save a checkpoint when they can), SIGKILL later.
+    # Asked first, naming what a kill loses; afterwards the page says truly how it ended.
     page.click("#kill-button")
+    wait_text(page, "#confirm-kill-row", "Kill run browser-test now?")
+    page.click("#confirm-kill")
     wait_text(page, "#run-message", "Killing browser-test")
     wait_for(page, "['stopped', 'failed'].includes(document.querySelector('#run-status')?.textContent.trim())",
              timeout=90)
+    if page.inner_text("#run-status").strip() == "failed":
+        wait_text(page, "#run-failed", "Killed")
+        assert "restarted" not in page.inner_text("#run-failed")
     stage("killed")
 
     # Delete, with a confirmation first.
@@ -264,8 +289,8 @@ def test_a_detection_run_shows_map_per_class_ap_the_best_step_and_its_samples(pa
     wait_for(page, "[...document.querySelectorAll('#eval-plot svg.marks g.mark-line path')]"
                    ".filter(p => (p.getAttribute('d') || '').length > 0).length >= 2", timeout=30,
              what="the mAP and mAP50 lines")
-    wait_for(page, "document.querySelectorAll('#samples-latest img').length >= 3", timeout=30)
-    captions = page.inner_text("#samples-latest")
+    wait_for(page, "document.querySelectorAll('#samples-all td img').length >= 3", timeout=30)
+    captions = page.inner_text("#samples-all")
     assert "val image 0" in captions and "precision-recall" in captions
     page.locator("#run-eval").scroll_into_view_if_needed()
     shot(page, "08-detection-run", full_page=True)

@@ -58,6 +58,16 @@ def test_queue_in_the_ui_lists_queues_on_start_cancels_is_shared_and_runs(page, 
         shot(page, "queue-listed", full_page=True)
         wait_for(page, "(document.querySelector('#queue-entry input')?.value || '').includes('#1 alpha')",
                  what="the queue control on alpha")
+        # Reorder: Later moves alpha behind beta (the control stays on it), Earlier moves it back.
+        page.click("#queue-down")
+        wait_for(page, row("beta", "queued #1"), what="beta first after alpha moved down")
+        wait_for(page, row("alpha", "queued #2"), what="alpha second")
+        wait_for(page, "(document.querySelector('#queue-entry input')?.value || '').includes('#2 alpha')",
+                 what="the queue control still on alpha")
+        page.click("#queue-up")
+        wait_for(page, row("alpha", "queued #1"), what="alpha first again")
+        wait_for(page, "(document.querySelector('#queue-entry input')?.value || '').includes('#1 alpha')",
+                 what="the queue control on alpha, first")
         page.click("#queue-cancel")
         wait_text(page, "#queue-message", "Cancelled #1 alpha")
         wait_for(page, row("beta", "queued #1"), what="beta moved up")

@@ -103,3 +103,21 @@ def test_min_snr_gamma_is_refused_for_flow_matching_with_the_key_that_does_the_j
         with pytest.raises(ConfigError, match=r"train.min_snr_gamma: 5.0 is for the UNet families.*flow.weighting"):
             load_config(None, [f"model.family={family}", "train.min_snr_gamma=5"], check_paths=False)
     assert load_config(None, ["train.min_snr_gamma=5"], check_paths=False).train.min_snr_gamma == 5
+
+
+def test_a_bad_override_is_blamed_on_the_command_line_not_the_preset_file(tmp_path):
+    demo = Path(__file__).parent.parent / "presets" / "demo.yaml"
+    with pytest.raises(ConfigError) as only_ours:
+        load_config(demo, ["train.lr=-1"], check_paths=False)
+    message = str(only_ours.value)
+    assert message.startswith("the command line has 1 problem") and "demo.yaml" not in message
+    assert only_ours.value.problems == ["train.lr: must be greater than zero, got -1.0 "
+                                        "(set on the command line: train.lr=-1)"]
+    # The preset's own problem stays the preset's; the override's is named as the override.
+    bad = _write(tmp_path / "bad.yaml", "train: {steps: 0}\n")
+    with pytest.raises(ConfigError) as both:
+        load_config(bad, ["data.resolution=33"], check_paths=False)
+    assert str(both.value).startswith(f"preset '{bad}', with the command line's overrides, has 2 problems")
+    assert any(p.startswith("train.steps:") and "command line" not in p for p in both.value.problems)
+    assert any(p.startswith("data.resolution:") and p.endswith("(set on the command line: data.resolution=33)")
+               for p in both.value.problems)

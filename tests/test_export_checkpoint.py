@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from engine_helpers import assert_lora_loaded
 from trainer.core.events import read_events
 from trainer.core.outputs import exported_steps, label
+from trainer.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ["train.steps=4", "sample.every=0", "batch.total=2", "batch.per_device=2", "train.warmup_steps=1"]
@@ -107,3 +108,23 @@ def test_a_step_without_a_checkpoint_is_refused_naming_the_ones_there(finished):
     out = cli("--export", str(finished), "--step", "3")
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "no checkpoint of step 3; --step can be one of: 2, 4" in out.stderr
+
+
+@pytest.mark.slow
+def test_generate_draws_the_base_beside_the_checkpoint_in_a_process_of_its_own(finished):
+    """The Generate panel's path (app.generations -> python -m trainer.engine.generate): the demo on the CPU, the
+    base alone and the base with step 2's LoRA, same seed: the LoRA changes the picture."""
+    import numpy as np
+    from PIL import Image
+
+    from app.generations import Request, result_of, run
+
+    out = run(finished.parent, finished, Request(step=2, prompt="a photo of a sks circle on a gray background",
+                                                 seed=3, steps=4, guidance=5.0, scale=1.0))
+    assert out.parent == finished / "generated"
+    assert result_of(out) == {"step": 2, "prompt": "a photo of a sks circle on a gray background", "seed": 3,
+                              "steps": 4, "guidance": 5.0, "scale": 1.0, "device": "cpu"}
+    base, tuned = (np.asarray(Image.open(out / f"{n}.png"), dtype=float) for n in ("base", "tuned"))
+    assert base.shape == tuned.shape == (64, 64, 3) and np.abs(base - tuned).mean() > 0.1
+    with pytest.raises(UserError, match="Generating failed: .* has no checkpoint of step 3"):
+        run(finished.parent, finished, Request(step=3, prompt="x", steps=2))

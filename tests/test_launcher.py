@@ -184,8 +184,11 @@ def test_environment():
     assert env["CUDA_VISIBLE_DEVICES"] == "" and env["PYTHONUNBUFFERED"] == "1"
     assert int(env["OMP_NUM_THREADS"]) >= 1 and env["PYTHONPATH"].startswith(str(REPO))
     assert build_env(cpu, {"OMP_NUM_THREADS": "7"})["OMP_NUM_THREADS"] == "7"
+    # A CPU run's OpenMP threads sleep while they wait (they spun, taking shared cores): unless the user says
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert build_env(cpu, {"OMP_WAIT_POLICY": "ACTIVE"})["OMP_WAIT_POLICY"] == "ACTIVE"
     gpu = Plan("cuda", (1, 2), 1, 2, 1, 2, 4, "bf16", "sdpa", 10)
-    assert build_env(gpu, {})["CUDA_VISIBLE_DEVICES"] == "1,2"
+    assert build_env(gpu, {})["CUDA_VISIBLE_DEVICES"] == "1,2" and "OMP_WAIT_POLICY" not in build_env(gpu, {})
     # ids count the GPUs this process sees: translate through an existing CUDA_VISIBLE_DEVICES
     assert build_env(gpu, {"CUDA_VISIBLE_DEVICES": "4,5,6"})["CUDA_VISIBLE_DEVICES"] == "5,6"
     assert "RANK" not in env and "MASTER_PORT" not in env  # torchrun's agent sets them for its workers

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+import functools
 import os
 import shutil
 import subprocess
@@ -54,3 +55,83 @@ def test_a_config_that_does_not_validate_is_not_queued(tmp_path):
     assert out.returncode == 2 and "--queue goes with --preset" in out.stderr
     out = cli("--queue-worker", "--preset", "demo", "--runs-dir", str(tmp_path))
     assert out.returncode == 2 and "--queue-worker takes only --runs-dir" in out.stderr
+
+
+@functools.lru_cache(maxsize=1)
+def _demo_yaml() -> str:
+    from trainer.core.config import load_config, to_yaml
+
+    return to_yaml(load_config(ROOT / "presets" / "demo.yaml", check_paths=False))
+
+
+def _queue(runs: Path, name: str, devices) -> None:
+    """What queue.add writes (a resolved config in runs/.queue/, named in queue order), for the demo on `devices`."""
+    import json
+
+    text = _demo_yaml().replace("name: demo\n", f"name: {name}\n").replace("devices: auto\n",
+                                                                          f"devices: {json.dumps(devices)}\n")
+    root = queue.queue_dir(runs)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / f"{len(list(root.glob('*.yaml'))) + 10**18:019d}-{name}.yaml").write_text(text)
+
+
+def _live_run(runs: Path, name: str, devices) -> None:
+    """A run folder whose process is alive (this test's own) and whose plan holds `devices`."""
+    import json
+
+    from trainer.core.runlock import identity
+
+    run = runs / name
+    run.mkdir(parents=True)
+    (run / "plan.json").write_text(json.dumps({"devices": devices}))
+    (run / "launcher.pid").write_text(identity(os.getpid()))
+
+
+def test_queued_runs_move_earlier_and_later(tmp_path):
+    for name in ("a", "b", "c"):
+        _queue(tmp_path, name, "cpu")
+    names = lambda: [q.name for q in queue.entries(tmp_path)]  # noqa: E731
+    c = queue.entries(tmp_path)[2]
+    moved = queue.move(tmp_path, c.id, -1)
+    assert names() == ["a", "c", "b"] and moved is not None
+    assert queue.move(tmp_path, moved, -1) is not None and names() == ["c", "a", "b"]
+    assert queue.move(tmp_path, queue.entries(tmp_path)[0].id, -1) is None  # already first
+    assert queue.move(tmp_path, queue.entries(tmp_path)[0].id, 1) is not None and names() == ["a", "c", "b"]
+    assert queue.move(tmp_path, "0000000000000000001-gone", 1) is None
+
+
+def test_a_queued_run_waits_only_for_the_runs_on_its_devices(tmp_path):
+    """Fake device sets: a run on GPUs 0,1 is alive. A queued run on GPUs 2,3 starts beside it; one on GPU 1, or on
+    every GPU (auto), waits; a later run on GPU 3 does not jump the earlier one waiting for GPUs 2,3."""
+    _live_run(tmp_path, "training", [0, 1])
+    _queue(tmp_path, "on-1", [1])
+    _queue(tmp_path, "on-2-3", [2, 3])
+    _queue(tmp_path, "on-3", [3])
+    started: list[str] = []
+
+    def launch(config):
+        started.append(config.name)
+        _live_run(tmp_path, config.name, list(config.devices))
+        return config.name
+
+    entry, _ = queue.start_next(tmp_path, launch)
+    assert entry.name == "on-2-3" and started == ["on-2-3"]
+    assert queue.start_next(tmp_path, launch) == "busy"  # on-1 waits for GPU 1, on-3 for GPU 3 (on-2-3 holds it)
+    assert queue.must_wait(tmp_path, queue.config_devices([4])) is False
+    assert queue.must_wait(tmp_path, queue.config_devices("auto")) and queue.must_wait(tmp_path, frozenset({"gpu:1"}))
+    assert queue.busy_runs(tmp_path, frozenset({"gpu:0"})) == ["training"]
+    assert queue.busy_runs(tmp_path, None) == ["on-2-3", "training"]
+
+
+def test_the_command_line_lists_and_moves_queued_runs(tmp_path, capsys):
+    sys.path.insert(0, str(ROOT))
+    import launch
+
+    for name in ("a", "b"):
+        _queue(tmp_path, name, "cpu")
+    assert launch.main(["--queue-move", "b", "up", "--runs-dir", str(tmp_path)]) == 0
+    assert [q.name for q in queue.entries(tmp_path)] == ["b", "a"]
+    assert "#1  b" in capsys.readouterr().out
+    assert launch.main(["--queue-move", "#2", "sideways", "--runs-dir", str(tmp_path)]) == 2
+    assert "the direction is `up` (earlier) or `down` (later)" in capsys.readouterr().err
+    assert launch.main(["--queue-move", "zzz", "down", "--runs-dir", str(tmp_path)]) == 2

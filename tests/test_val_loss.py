@@ -234,7 +234,7 @@ def test_the_best_checkpoint_keeps_the_lowest_val_loss(tmp_path):
     run = SimpleNamespace(
         family=SimpleNamespace(evaluator=evaluator, trainable_state=lambda: {"w": torch.full((2,), float(run.state.step))}),
         config=SimpleNamespace(eval=SimpleNamespace(best="auto")), run_dir=tmp_path, state=SimpleNamespace(step=0),
-        events=SimpleNamespace(emit=lambda kind, **fields: events.append(fields)))
+        events=SimpleNamespace(emit=lambda event: events.append(event.to_dict())))
     for step, value in ((1, 0.5), (2, 0.4), (3, 0.45), (4, 0.3), (5, 0.3)):
         run.state.step = step
         keep_best(run, {"val_loss": value, "val_images": 4})

@@ -1,6 +1,7 @@
 """The run folder's event log: `events.jsonl`, one JSON object per line, flushed per line.
 
-Torch-free: the launcher, `launch.py`'s progress bar and the web UI all read it. Every event has `type` and
+Each kind of event is a dataclass (trainer.core.event_types), written with `EventLog.emit(SampleEvent(...))` and
+read back with `parse`. Torch-free: the launcher, `launch.py`'s progress bar and the web UI all read it. Every event has `type` and
 `time`; a run ends with exactly one final event (`done`, `stopped` or `failed`).
 """
 
@@ -8,9 +9,13 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from trainer.core.runfolder import EVENTS_FILE, RunFolder
+from trainer.core.event_types import (  # noqa: F401  (the event kinds, for the writers)
+    BadEvent, BestEvent, CheckpointEvent, DoneEvent, EvalEvent, Event, ExportEvent, FailedEvent, PlanEvent,
+    ProgressEvent, ResumedEvent, SampleEvent, StoppedEvent, WarningEvent, parse)
 from typing import Callable, Iterator
 
 FINAL_TYPES = ("done", "stopped", "failed")
@@ -25,8 +30,8 @@ class EventLog:
         self.path = Path(run_dir) / EVENTS_FILE
         self.echo = echo  # trainer.core.runlog: the event's line in train.log, for people
 
-    def emit(self, type: str, **fields) -> dict:
-        event = {"type": type, "time": round(time.time(), 3), **fields}
+    def emit(self, typed: Event) -> dict:
+        event = replace(typed, time=round(time.time(), 3)).to_dict()
         line = json.dumps(event, default=_jsonable)
         # O_APPEND + one write per line: a reader never sees half a line, even while we write.
         with open(self.path, "a", encoding="utf-8") as f:

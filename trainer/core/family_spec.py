@@ -123,6 +123,8 @@ class FamilySpec:
     control_images: str = ""
     """How the family reads `data.control_path` (paired instruction-edit training: the control image the model
     edits), for the UI and the plan; empty: it takes no control image, and data.control_path is refused."""
+    generates: bool = True
+    """It draws images from a prompt (the Runs tab's Generate panel); False: its samples are predictions."""
     demo_preset: str = ""
     """The shipped preset (presets/) that trains this family offline on its demo assets, on the CPU, to `done`
     with samples and outputs that load; every family has one (tests/test_demo_presets.py runs them all)."""

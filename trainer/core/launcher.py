@@ -33,10 +33,11 @@ from pathlib import Path
 from trainer.core.config import Config, to_yaml
 from trainer.core.config.validate import parse_devices
 from trainer.core.checkpoint import Checkpoint, latest_checkpoint
-from trainer.core.events import EventLog, final_event, read_events
+from trainer.core.events import (DoneEvent, Event, EventLog, FailedEvent, PlanEvent, StoppedEvent, WarningEvent,
+                                 final_event, read_events)
 from trainer.core.hardware import Hardware
 from trainer.core.plan import Plan, make_plan
-from trainer.core.proctree import kill_tree
+from trainer.core.proctree import ended, kill_tree
 from trainer.core.assets import resolve_paths
 from trainer.core.failures import describe_failure
 from trainer.core.runfolder import RunFolder, check_run_name, create_run_dir, write_atomic
@@ -118,8 +119,8 @@ def prepare_run(config: Config, runs_dir: str | Path, hw: Hardware | None = None
         RunLock(run_dir).acquire()  # handed to torchrun by start_run, released when its workers end
         write_atomic(folder.config, to_yaml(config))
         write_atomic(folder.plan, json.dumps(plan.event(), indent=2) + "\n")
-        EventLog(run_dir, echo=launcher_echo(run_dir)).emit("plan", **plan.event(),
-                                                            node_rank=config.distributed.node_rank)
+        EventLog(run_dir, echo=launcher_echo(run_dir)).emit(
+            PlanEvent.of(plan.event(), node_rank=config.distributed.node_rank))
     except OSError as exc:
         # A half-made folder would list as a broken run and keep its name taken.
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -209,6 +210,10 @@ def build_env(plan: Plan, base: dict | None = None, run_id: str = "imagetune") -
         env["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
     else:
         env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU plan must not create CUDA contexts on a shared GPU machine
+        # OpenMP's threads spin while they wait for work: on cores shared with another run, the UI or other
+        # tenants they burn the cycles those need. Sleeping instead, a demo step took 0.31 CPU-s, not 0.41-0.69
+        # (bench/ui_load.py, bench/README.md). A user's own setting wins.
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if "OMP_NUM_THREADS" not in env:
         # Without it torchrun sets 1 thread (CPU training crawls) or each rank takes every core (oversubscribed).
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -300,7 +305,7 @@ class RunProcess:
             return
         warning, reason = self.stall.check(time.time())
         if warning:
-            EventLog(self.run_dir, echo=launcher_echo(self.run_dir)).emit("warning", message=warning)
+            EventLog(self.run_dir, echo=launcher_echo(self.run_dir)).emit(WarningEvent(message=warning))
         if reason:
             ckpt = latest_checkpoint(self.run_dir)
             where = (f"continue from its last checkpoint ({ckpt.path.relative_to(self.run_dir)}) with: python "
@@ -318,18 +323,18 @@ class RunProcess:
             # Global rank 0 (node 0) writes the run's events; this node's folder still needs an ending.
             note = "the run's events, samples, checkpoints and outputs are in node 0's run folder"
             if returncode == 0:
-                kind = "stopped" if RunFolder(self.run_dir).stop_file.exists() else "done"
-                extra: dict[str, object] = {"checkpoint": None} if kind == "stopped" else {"outputs": []}
-                message = f"node {self.node_rank} finished; {note}"
-                return log.emit(kind, node_rank=self.node_rank, message=message, **extra)
+                extra = {"node_rank": self.node_rank, "message": f"node {self.node_rank} finished; {note}"}
+                ending: Event = (StoppedEvent(extra=extra) if RunFolder(self.run_dir).stop_file.exists()
+                                 else DoneEvent(extra=extra))
+                return log.emit(ending)
         if self.stalled:
-            return log.emit("failed", exitcode=returncode, reason=self.stalled)
+            return log.emit(FailedEvent(exitcode=returncode, reason=self.stalled, killed=True))
         if self.killed:
-            return log.emit("failed", exitcode=returncode, reason=(
-                "The run was killed on request before it could stop gracefully; continue it from its last "
-                f"checkpoint with: python launch.py --resume {self.run_dir}"))
-        return log.emit("failed", **describe_failure(self.run_dir, returncode, self.log_offset, self.node_rank,
-                                                     single_process=single_process(self.plan)))
+            return log.emit(FailedEvent(exitcode=returncode, killed=True, reason=killed_reason(self.run_dir)))
+        failure = describe_failure(self.run_dir, returncode, self.log_offset, self.node_rank,
+                                   single_process=single_process(self.plan))
+        return log.emit(FailedEvent(reason=failure.pop("reason"), exitcode=failure.pop("exitcode", returncode),
+                                    extra=failure))
 
 
 def start_run(
@@ -367,10 +372,22 @@ def start_run(
     return RunProcess(run_dir, plan, process, node_rank=d.node_rank, log_offset=offset, stall=stall).watch()
 
 
+def killed_reason(run_dir: str | Path) -> str:
+    """What a killed run's `failed` event says: that Kill ended it, and where it can go on from, truly."""
+    ckpt = latest_checkpoint(run_dir)
+    where = (f"continue it from its last checkpoint ({ckpt.path.relative_to(run_dir)}, step {ckpt.step}) with: "
+             f"python launch.py --resume {run_dir}" if ckpt else
+             "it had saved no checkpoint, so it cannot be resumed: start it again")
+    return f"The run was killed on request before it could stop gracefully; {where}."
+
+
 def kill_run(run_dir: str | Path, grace_s: float = 10.0) -> bool:
-    """Kill a run started by another process (e.g. before a GUI restart) through its launcher.pid."""
+    """Kill a run started by another process (e.g. before a GUI restart) through its launcher.pid; if its own
+    launcher is gone too and so writes no ending, the `failed` event that says it was killed is written here."""
     pid = RunFolder(Path(run_dir)).launcher_pid()
     if final_event(read_events(run_dir)) is not None or pid is None:
         return False  # nothing to kill; a recorded pid that now belongs to another process is never signalled
     kill_tree(pid, grace_s)
+    if ended(pid) and final_event(read_events(run_dir)) is None:
+        EventLog(run_dir, echo=launcher_echo(run_dir)).emit(FailedEvent(killed=True, reason=killed_reason(run_dir)))
     return True

@@ -97,6 +97,11 @@ def kill_tree(pid: int, grace_s: float = 10.0, process: subprocess.Popen | None 
         time.sleep(0.02)
 
 
+def ended(pid: int) -> bool:
+    """Whether `pid` no longer runs (a zombie, waiting for its parent to collect it, has ended)."""
+    return not _alive({(pid, _start(pid))})
+
+
 def _start(pid: int) -> str:
     entry = _table().get(pid)
     return entry[2] if entry else ""

@@ -6,7 +6,12 @@ by every UI and command line on that folder. Torch-free.
     runs/.queue/.claimed/...         the entry a queue worker took (a rename: only one worker wins it)
 
 Each operation is one rename or unlink, so two writers (two UIs, a UI and `launch.py --queue`) never see half an
-entry: add = write a temp file and rename it in; cancel = unlink; take = rename into .claimed/.
+entry: add = write a temp file and rename it in; cancel = unlink; take = rename into .claimed/; move = a rename to
+a number between its new neighbours'.
+
+A queued run waits only for the runs that hold its devices: one on GPUs 2,3 starts beside a run on GPUs 0,1, not
+beside one on GPU 2 (or on every GPU, `devices: auto`); CPU runs share the CPU, so they wait for each other. It
+never starts before an earlier queued run that waits for the same devices.
 """
 
 from __future__ import annotations
@@ -20,7 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
+import json
+
+import yaml
+
 from trainer.core.config import Config, load_config, to_yaml
+from trainer.core.config.validate import parse_devices
 from trainer.core.runfolder import RunFolder, check_run_name
 from trainer.errors import UserError
 
@@ -78,19 +88,119 @@ def cancel(runs_dir: str | Path, entry_id: str) -> bool:
     return False
 
 
-def take(runs_dir: str | Path) -> tuple[Queued, Path] | None:
-    """Claim the next queued run for this worker: (its entry, the claimed file), or None when the queue is empty.
-    A rename claims it, so two workers never start the same run."""
-    claimed = queue_dir(runs_dir) / CLAIMED
-    for q in entries(runs_dir):
-        claimed.mkdir(parents=True, exist_ok=True)
-        target = claimed / q.path.name
+def move(runs_dir: str | Path, entry_id: str, by: int) -> str | None:
+    """Move a queued run `by` places (-1: one earlier, 1: one later): its new id (the number in it is its place),
+    or None if it is no longer queued or already first (last). One rename gives it a number between its new
+    neighbours'."""
+    with exclusive(runs_dir):
+        queued = entries(runs_dir)
+        index = next((i for i, q in enumerate(queued) if q.id == entry_id), None)
+        if index is None or by == 0 or not 0 <= index + by < len(queued):
+            return None
+        slot = index + by  # its place among the others: between others[slot - 1] and others[slot]
+        for _ in range(2):
+            others = [q for q in queued if q.id != queued[index].id]
+            numbers = [_number(q) for q in others]
+            low = numbers[slot - 1] if slot > 0 else numbers[0] - _GAP
+            high = numbers[slot] if slot < len(numbers) else numbers[-1] + _GAP
+            if high - low >= 2:
+                break
+            try:
+                queued = _spread(queued)  # neighbours one apart (queued in the same microsecond): make room
+            except FileNotFoundError:
+                return None  # one was cancelled meanwhile: the caller looks again
+        entry = queued[index]
+        target = entry.path.with_name(f"{(low + high) // 2:019d}-{entry.name}.yaml")
         try:
-            os.rename(q.path, target)
+            os.rename(entry.path, target)
         except FileNotFoundError:
-            continue  # cancelled, or another worker took it
-        return q, target
+            return None  # taken or cancelled meanwhile
+        return target.stem
+
+
+_GAP = 2_000_000_000
+
+
+def _number(q: Queued) -> int:
+    return int(q.id.split("-")[0])
+
+
+def _spread(queued: list[Queued]) -> list[Queued]:
+    """The entries renumbered at least _GAP apart, in the same order at every moment: each number only grows, and
+    the last is renamed first."""
+    numbers: list[int] = []
+    for q in queued:
+        numbers.append(max(_number(q), numbers[-1] + _GAP if numbers else 0))
+    spread = list(queued)
+    for i in reversed(range(len(queued))):
+        target = queued[i].path.with_name(f"{numbers[i]:019d}-{queued[i].name}.yaml")
+        if target != queued[i].path:
+            os.rename(queued[i].path, target)
+        spread[i] = Queued(target, queued[i].name, queued[i].position)
+    return spread
+
+
+def _claim(runs_dir: str | Path, q: Queued) -> Path | None:
+    """Claim queued run `q` for this worker (a rename: two workers never start the same run); None if it is gone."""
+    claimed = queue_dir(runs_dir) / CLAIMED
+    claimed.mkdir(parents=True, exist_ok=True)
+    target = claimed / q.path.name
+    try:
+        os.rename(q.path, target)
+    except FileNotFoundError:
+        return None  # cancelled, or another worker took it
+    return target
+
+
+def take(runs_dir: str | Path) -> tuple[Queued, Path] | None:
+    """Claim the next queued run: (its entry, the claimed file), or None when the queue is empty."""
+    for q in entries(runs_dir):
+        target = _claim(runs_dir, q)
+        if target is not None:
+            return q, target
     return None
+
+
+# Devices as sets of names ("gpu:2", "cpu"); None: every device (`auto`, a GPU count: which ones is known only at
+# the start), which overlaps everything.
+Devices = frozenset[str] | None
+
+
+def config_devices(devices: object) -> Devices:
+    """The devices a config's `devices` value takes."""
+    try:
+        kind, value = parse_devices(devices)
+    except ValueError:
+        return None
+    if kind == "cpu":
+        return frozenset({"cpu"})
+    if kind == "gpu_ids":
+        return frozenset(f"gpu:{i}" for i in value)  # type: ignore[union-attr]
+    return None
+
+
+def run_devices(run_dir: Path) -> Devices:
+    """The devices a started run holds: its plan's (auto resolved), from plan.json."""
+    try:
+        devices = json.loads(RunFolder(run_dir).plan.read_text(encoding="utf-8")).get("devices")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if devices == "cpu":
+        return frozenset({"cpu"})
+    if isinstance(devices, list) and all(isinstance(d, int) for d in devices):
+        return frozenset(f"gpu:{d}" for d in devices)
+    return None
+
+
+def entry_devices(q: Queued) -> Devices:
+    try:
+        return config_devices((yaml.safe_load(q.path.read_text(encoding="utf-8")) or {}).get("devices", "auto"))
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        return None
+
+
+def overlap(a: Devices, b: Devices) -> bool:
+    return a is None or b is None or bool(a & b)
 
 
 def load_claimed(path: Path) -> Config:
@@ -98,13 +208,14 @@ def load_claimed(path: Path) -> Config:
     return load_config(str(path))
 
 
-def busy_runs(runs_dir: str | Path) -> list[str]:
-    """The runs in the folder whose processes still run (they hold the devices)."""
-    root = Path(runs_dir).expanduser()
-    if not root.is_dir():
-        return []
-    return sorted(p.name for p in root.iterdir()
-                  if p.is_dir() and not p.name.startswith(".") and RunFolder(p).is_alive())
+def busy_runs(runs_dir: str | Path, devices: Devices = None) -> list[str]:
+    """The runs in the folder whose processes still run on any of `devices` (None: on any device)."""
+    return sorted(p.name for p in _live(runs_dir) if overlap(devices, run_devices(p)))
+
+
+def must_wait(runs_dir: str | Path, devices: Devices) -> bool:
+    """Whether a new run on `devices` must queue: a live run holds one of them, or a queued run waits for one."""
+    return bool(busy_runs(runs_dir, devices)) or any(overlap(devices, entry_devices(q)) for q in entries(runs_dir))
 
 
 @contextmanager
@@ -126,18 +237,32 @@ def start_next(runs_dir: str | Path, launch: Callable[[Config], T]) -> str | tup
     taken, and what `launch(config)` returned (it must return once the run's process is recorded: prepare_run and
     start_run), or the UserError that refused it (its config no longer validates)."""
     with exclusive(runs_dir):
-        if busy_runs(runs_dir):
-            return "busy"
-        got = take(runs_dir)
-        if got is None:
+        queued = entries(runs_dir)
+        if not queued:
             return "empty"
-        entry, claimed = got
-        try:
-            return entry, launch(load_claimed(claimed))
-        except UserError as exc:
-            return entry, exc
-        finally:
-            claimed.unlink(missing_ok=True)
+        held = [run_devices(p) for p in _live(runs_dir)]
+        waiting: list[Devices] = []  # the devices of earlier entries that wait: a later one must not jump them
+        for q in queued:
+            need = entry_devices(q)
+            if any(overlap(need, d) for d in held + waiting):
+                waiting.append(need)
+                continue
+            claimed = _claim(runs_dir, q)
+            if claimed is None:
+                continue
+            try:
+                return q, launch(load_claimed(claimed))
+            except UserError as exc:
+                return q, exc
+            finally:
+                claimed.unlink(missing_ok=True)
+        return "busy"
+
+
+def _live(runs_dir: str | Path) -> list[Path]:
+    root = Path(runs_dir).expanduser()
+    return [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and RunFolder(p).is_alive()] \
+        if root.is_dir() else []
 
 
 def drain(runs_dir: str | Path, launch: Callable[[Config], T], wait: Callable[[T], int], say: Callable[[str], None],

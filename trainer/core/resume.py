@@ -15,7 +15,7 @@ from trainer.core import launcher
 from trainer.core.checkpoint import Checkpoint, latest_checkpoint
 from trainer.core.config import Config, load_config, to_dict, to_yaml
 from trainer.core.config.schema import iter_keys
-from trainer.core.events import EventLog, final_event, read_events
+from trainer.core.events import EventLog, PlanEvent, ResumedEvent, final_event, read_events
 from trainer.core.hardware import Hardware
 from trainer.core.launcher import RunProcess, plan_for
 from trainer.core.plan import Plan
@@ -125,10 +125,10 @@ def resume_run(
     folder.stop_file.unlink(missing_ok=True)  # left from the stop being resumed; it would stop us at once
     write_atomic(folder.config, to_yaml(r.config))
     write_atomic(folder.plan, json.dumps(r.plan.event(), indent=2) + "\n")
-    EventLog(run_dir, echo=launcher_echo(run_dir)).emit(
-        "resumed", step=r.checkpoint.step, checkpoint=str(r.checkpoint.path.relative_to(run_dir)),
-        changes=r.changes, plan=r.plan.event(), line=r.plan.line(),
-    )
+    EventLog(run_dir, echo=launcher_echo(run_dir)).emit(ResumedEvent(
+        step=r.checkpoint.step, checkpoint=str(r.checkpoint.path.relative_to(run_dir)),
+        changes=r.changes, plan=PlanEvent.of(r.plan.event()), line=r.plan.line(),
+    ))
     proc = launcher.start_run(run_dir, r.plan, r.config, resume=r.checkpoint.path, worker_module=worker_module)
     proc.resumed_from, proc.changes = r.checkpoint, r.changes
     return proc

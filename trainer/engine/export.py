@@ -18,7 +18,7 @@ from pathlib import Path
 
 import trainer.families  # noqa: F401  (fills the family registry, trainer.core.registry)
 from trainer.core.checkpoint import Checkpoint
-from trainer.core.events import EventLog
+from trainer.core.events import EventLog, ExportEvent, WarningEvent
 from trainer.core.outputs import export_dir, pick_checkpoint
 from trainer.core.runfolder import RunFolder
 from trainer.core.runlog import launcher_echo
@@ -57,10 +57,10 @@ def export_run(run) -> None:
             try:
                 outputs = write_outputs(run.family, run.run_dir, step)
             except OSError as exc:  # a full disk costs the export, not the run
-                run.events.emit("warning", step=step, message=f"could not export the outputs of step {step} "
-                                                              f"({exc.strerror or exc}); free some disk space.")
+                run.events.emit(WarningEvent(step=step, message=f"could not export the outputs of step {step} "
+                                                              f"({exc.strerror or exc}); free some disk space."))
             else:
-                run.events.emit("export", step=step, outputs=outputs)
+                run.events.emit(ExportEvent(step=step, outputs=outputs))
         run.accelerator.wait_for_everyone()
 
 
@@ -98,7 +98,7 @@ def export_checkpoint(run_dir: Path, step: int | None = None) -> tuple[int, list
     load_weights(family, ckpt.path)
     _swap_in_ema(family, config, plan, ckpt, build_ema, log_warning)
     outputs = write_outputs(family, run_dir, ckpt.step)
-    events.emit("export", step=ckpt.step, outputs=outputs)
+    events.emit(ExportEvent(step=ckpt.step, outputs=outputs))
     return ckpt.step, outputs
 
 

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.core.data.stream import position_seed
+from trainer.core.events import ProgressEvent, WarningEvent
 from trainer.engine import faults
 from trainer.engine.run import Run, RunFailed
 from trainer.families.components.transfer import tensor_on
@@ -77,12 +78,12 @@ def fit(run: Run) -> str:
             run.heartbeat.stepped(run.state.step)
         fault.step_ended(run.rank, run.state.step)
         throughput.tick(plan.total, counted=not run.compiler.compiled(run.state.step))  # train.compile
-        run.events.emit("progress", step=run.state.step, steps=plan.steps,
-                        loss=mean_loss if math.isfinite(mean_loss) else None,
-                        lr=run.scheduler.get_last_lr()[0], samples_per_s=throughput.rate(),
-                        eta_s=throughput.eta(plan.steps - run.state.step, plan.total),
-                        epoch=round(run.stream.epoch_at(run.state.step), 3),
-                        **_rank_fields(slots, step, plan.world_size))
+        run.events.emit(ProgressEvent(step=run.state.step, steps=plan.steps,
+                                      loss=mean_loss if math.isfinite(mean_loss) else None,
+                                      lr=run.scheduler.get_last_lr()[0], samples_per_s=throughput.rate(),
+                                      eta_s=throughput.eta(plan.steps - run.state.step, plan.total),
+                                      epoch=round(run.stream.epoch_at(run.state.step), 3),
+                                      **_rank_fields(slots, step, plan.world_size)))
         last = run.state.step == plan.steps
         if cfg.sample.every and run.state.step % cfg.sample.every == 0 and not last:
             draw_samples(run)
@@ -134,9 +135,9 @@ def _on_nonfinite(run: Run, step: int, mean_loss: float) -> None:
     run.state.nonfinite_in_row += 1
     run.state.nonfinite_total += 1
     limit = run.config.train.max_nonfinite_steps
-    run.events.emit("warning", step=step, message=(
+    run.events.emit(WarningEvent(step=step, message=(
         f"step {step}: the loss was NaN/inf on some process; the update was skipped "
-        f"({run.state.nonfinite_in_row} in a row, the run fails after {limit})"))
+        f"({run.state.nonfinite_in_row} in a row, the run fails after {limit})")))
     if run.state.nonfinite_in_row >= limit:
         precision = run.plan.precision
         hint = " fp16 overflows easily: try precision=bf16 or fp32." if precision == "fp16" else ""

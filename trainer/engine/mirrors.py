@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Protocol
 
-from trainer.core.events import FINAL_TYPES
+from trainer.core.events import FINAL_TYPES, Event, WarningEvent
 from trainer.core.runfolder import RunFolder
 from trainer.errors import UserError
 
@@ -127,21 +127,21 @@ class Mirrored:
     def __init__(self, log: Any, mirrors: list):
         self.log, self.mirrors = log, mirrors
 
-    def emit(self, type: str, **fields) -> dict:
-        event = self.log.emit(type, **fields)
+    def emit(self, typed: Event) -> dict:
+        event = self.log.emit(typed)
         for mirror in list(self.mirrors):
             try:
                 mirror.write(event)
             except Exception as exc:  # a logging service must not end a training run
                 self._drop(mirror, exc)
-        if type in FINAL_TYPES:
+        if typed.kind in FINAL_TYPES:
             self.close()
         return event
 
     def _drop(self, mirror, exc: BaseException) -> None:
         self.mirrors.remove(mirror)
-        self.log.emit("warning", message=f"{mirror.name} logging stopped ({type(exc).__name__}: {exc}); "
-                                         "the run goes on, and events.jsonl has everything")
+        self.log.emit(WarningEvent(message=f"{mirror.name} logging stopped ({type(exc).__name__}: {exc}); "
+                                           "the run goes on, and events.jsonl has everything"))
 
     def close(self) -> None:
         mirrors, self.mirrors = self.mirrors, []
@@ -149,7 +149,7 @@ class Mirrored:
             try:
                 mirror.close()
             except Exception as exc:
-                self.log.emit("warning", message=f"{mirror.name} did not close cleanly ({type(exc).__name__}: {exc})")
+                self.log.emit(WarningEvent(message=f"{mirror.name} did not close cleanly ({type(exc).__name__}: {exc})"))
 
 
 def open_mirrors(log: Any, config, run_dir: Path, step: int, resumed: bool) -> Any:

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 from trainer.families.protocol import HasCheckpointMetadata, evaluator_of
+from trainer.core.events import BestEvent, CheckpointEvent, EvalEvent, SampleEvent, WarningEvent
 from trainer.core.checkpoint import COMPLETE, CHECKPOINTS, CheckpointWriteError, latest_checkpoint, save_checkpoint
 from trainer.engine.ema import ema_weights
 from trainer.engine.optim import averaged_weights, is_schedule_free
@@ -34,7 +35,7 @@ def _write_samples(run, step: int, indexed) -> None:
         tmp = path.with_name(f".{path.name}")
         image.save(tmp, format="PNG")
         tmp.rename(path)  # the UI never shows a half-written PNG
-        run.events.emit("sample", step=step, prompt=prompt, index=i, path=f"{SAMPLES}/{path.name}")
+        run.events.emit(SampleEvent(step=step, prompt=prompt, index=i, path=f"{SAMPLES}/{path.name}"))
 
 
 def draw_samples(run) -> None:
@@ -50,7 +51,7 @@ def draw_samples(run) -> None:
             _write_samples(run, step, ((i, prompt, side_by_side(images)) for i, (prompt, images) in enumerate(samples)))
             scores = prompt_scores(run.config.sample, samples)
             if scores:
-                run.events.emit("eval", step=step, **scores)
+                run.events.emit(EvalEvent(step=step, extra=scores))
         run.accelerator.wait_for_everyone()
 
 
@@ -68,7 +69,7 @@ def evaluate(run) -> None:
     with averaged_weights(run.optimizer), ema_weights(run):
         metrics = evaluator.evaluate(step)
         if metrics:
-            run.events.emit("eval", step=step, **metrics)
+            run.events.emit(EvalEvent(step=step, extra=metrics))
         with run.parallel.gathered():
             if run.accelerator.is_main_process:
                 _write_samples(run, step, evaluator.eval_samples(step))
@@ -140,11 +141,11 @@ def keep_best(run, metrics: dict) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
         if old.exists() and not final.exists():
             os.rename(old, final)
-        run.events.emit("warning", step=step, message=f"could not write checkpoints/{BEST} ({exc.strerror or exc}); "
-                                                      "the previous best is kept. Free some disk space.")
+        run.events.emit(WarningEvent(step=step, message=f"could not write checkpoints/{BEST} ({exc.strerror or exc}); "
+                                                                   "the previous best is kept. Free some disk space."))
         return
-    run.events.emit("best", step=step, metric=name, value=value, mode=mode, path=f"{CHECKPOINTS}/{BEST}",
-                    previous=previous.get("value") if previous else None)
+    run.events.emit(BestEvent(step=step, metric=name, value=value, mode=mode, path=f"{CHECKPOINTS}/{BEST}",
+                              previous=previous.get("value") if previous else None))
 
 
 def _fingerprint(run) -> torch.Tensor:
@@ -201,11 +202,11 @@ def _write_run_checkpoint(run, step: int, optimizer_state: dict, training_weight
     try:
         path = save_checkpoint(run.run_dir, step, writers, keep=run.config.checkpoint.keep,
                                info={"world_size": run.plan.world_size})
-        run.events.emit("checkpoint", step=step, path=str(path.relative_to(run.run_dir)))
+        run.events.emit(CheckpointEvent(step=step, path=str(path.relative_to(run.run_dir))))
     except CheckpointWriteError as exc:
         previous = latest_checkpoint(run.run_dir)
         kept = f"the previous checkpoint {previous.path.name} is intact" if previous else "no earlier checkpoint exists"
-        run.events.emit("warning", step=step, message=f"{exc}; {kept}. Free some disk space.")
+        run.events.emit(WarningEvent(step=step, message=f"{exc}; {kept}. Free some disk space."))
 
 
 def load_run_checkpoint(run, folder) -> None:

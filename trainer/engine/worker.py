@@ -19,7 +19,7 @@ from pathlib import Path
 import trainer.families  # noqa: F401  (fills the family registry, trainer.core.registry)
 from trainer.core.config.load import load_config
 from trainer.errors import UserError
-from trainer.core.events import EventLog
+from trainer.core.events import DoneEvent, Event, EventLog, FailedEvent, StoppedEvent, WarningEvent
 from trainer.core.runfolder import RunFolder
 from trainer.core.runlog import worker_echo
 from trainer.core.plan import Plan
@@ -29,7 +29,7 @@ from trainer.engine.chatter import quiet_library_chatter
 class _Silent:
     """Events of ranks other than 0 go nowhere: one writer per file."""
 
-    def emit(self, type: str, **fields) -> dict:
+    def emit(self, typed: Event) -> dict:
         return {}
 
 
@@ -60,7 +60,7 @@ def setup(run_dir: Path, resume: Path | None):
     events = EventLog(run_dir, echo=worker_echo(run_dir)) if acc.is_main_process else _Silent()
 
     def log_warning(message: str) -> None:
-        events.emit("warning", message=message)  # and its line in train.log (the echo)
+        events.emit(WarningEvent(message=message))  # and its line in train.log (the echo)
 
     if plan.device == "cpu":
         torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -187,8 +187,8 @@ def main(argv: list[str] | None = None) -> int:
             from trainer.core.checkpoint import latest_checkpoint
 
             ckpt = latest_checkpoint(run_dir)
-            events.emit("stopped", step=run.state.step, reason=run.stop.reason(),
-                        checkpoint=str(ckpt.path.relative_to(run_dir)) if ckpt else None)
+            events.emit(StoppedEvent(step=run.state.step, reason=run.stop.reason(),
+                                     checkpoint=str(ckpt.path.relative_to(run_dir)) if ckpt else None))
             return 0
         from trainer.engine.ema import ema_weights
         from trainer.engine.optim import averaged_weights
@@ -202,11 +202,11 @@ def main(argv: list[str] | None = None) -> int:
                 outputs = [os.path.relpath(p, run_dir) for p in outputs]
             run.accelerator.wait_for_everyone()
         hub = _push_to_hub(run, events) if run.accelerator.is_main_process and run.config.output.push_to_hub else None
-        events.emit("done", step=run.state.step, outputs=outputs, overflow_steps=run.amp.overflow_steps,
-                    nonfinite_steps=run.state.nonfinite_total, **({"hub": hub} if hub else {}))
+        events.emit(DoneEvent(step=run.state.step, outputs=outputs, hub=hub or None, extra={
+            "overflow_steps": run.amp.overflow_steps, "nonfinite_steps": run.state.nonfinite_total}))
         return 0
     except UserError as exc:
-        events.emit("failed", reason=str(exc))
+        events.emit(FailedEvent(reason=str(exc)))
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
     except Exception as exc:
@@ -216,15 +216,15 @@ def main(argv: list[str] | None = None) -> int:
         phase = run.phase if run else "setting up"
         if isinstance(exc, RunFailed):  # decided on every rank alike: the run's own final word
             assert run is not None, "only a built Run raises RunFailed"
-            events.emit("failed", reason=str(exc), step=run.state.step)
+            events.emit(FailedEvent(reason=str(exc), step=run.state.step))
         elif _is_timeout(exc):
-            events.emit("failed", step=run.state.step if run else None, reason=(
+            events.emit(FailedEvent(step=run.state.step if run else None, reason=(
                 f"A process waited longer than distributed.timeout_s while the run was at {phase}: another process "
-                f"probably crashed or hung there. See train.log for its last lines."))
+                f"probably crashed or hung there. See train.log for its last lines.")))
         else:
             # A crash (here, or a peer's death seen as a broken connection): the launcher names the rank
             # that failed first, from torchrun's report (or this process's exit status), in the final `failed` event.
-            events.emit("warning", message=f"rank 0 stopped at {phase}: {type(exc).__name__}: {exc}")
+            events.emit(WarningEvent(message=f"rank 0 stopped at {phase}: {type(exc).__name__}: {exc}"))
         return 1
     finally:
         if hasattr(events, "close"):  # a mirror still open after a crash: flush TensorBoard, finish the W&B run
@@ -243,9 +243,9 @@ def _push_to_hub(run, events) -> str | None:
         return push_outputs(run.config, run.run_dir, run.state.step)
     except Exception as exc:  # network, permissions, quota: the training itself succeeded
         first = (str(exc).strip().splitlines() or [""])[0][:300]
-        events.emit("warning", message=f"output.push_to_hub: uploading to {repo} failed ({type(exc).__name__}: "
+        events.emit(WarningEvent(message=f"output.push_to_hub: uploading to {repo} failed ({type(exc).__name__}: "
                                        f"{first}); the outputs are in output/. Check HF_TOKEN (a write token) and "
-                                       f"the repo id, then: python launch.py --push-to-hub {run.run_dir}")
+                                       f"the repo id, then: python launch.py --push-to-hub {run.run_dir}"))
         return None
 
 

@@ -209,8 +209,26 @@ def load_config(
     rejected = {problem.split(":", 1)[0] for problem in problems}
     problems += [q for q in validate(config, check_paths=check_paths) if q.split(":", 1)[0] not in rejected]
     if problems:
-        raise ConfigError(problems, source)
+        raise ConfigError(*blame_overrides(problems, overrides, source))
     return config
+
+
+def blame_overrides(problems: list[str], overrides: Iterable[str], source: str) -> tuple[list[str], str]:
+    """The problems with each one a KEY=VALUE override caused naming that override, and a source that names the
+    command line: a bad `train.lr=-1` is not the preset file's fault, and the user must not go looking in it."""
+    given = {o.split("=", 1)[0].strip(): o.strip() for o in overrides}
+
+    def culprit(problem: str) -> str | None:
+        key = problem.split(":", 1)[0].strip()
+        return next((o for k, o in given.items() if key == k or key.startswith(k + ".") or k.startswith(key + ".")),
+                    None)
+
+    blamed = [(p, culprit(p)) for p in problems]
+    tagged = [f"{p} (set on the command line: {o})" if o else p for p, o in blamed]
+    ours = sum(o is not None for _, o in blamed)
+    if not ours:
+        return tagged, source
+    return tagged, ("the command line" if ours == len(problems) else f"{source}, with the command line's overrides,")
 
 
 def to_yaml(config: Config) -> str:

@@ -8,6 +8,7 @@ SPEC = FamilySpec(
     name="detection",
     title="object detectors: torchvision's and transformers' RT-DETR v2 / D-FINE; see `detection.*`",
     implementation="trainer.families.detection.family:DetectionFamily",
+    generates=False,
     methods=("full",),
     method_note="a detector is trained whole; set method=full (LoRA is for the diffusion families)",
     sharding=("ddp",),
