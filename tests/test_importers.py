@@ -105,7 +105,7 @@ def test_an_sd_scripts_flux_toml_with_its_dataset_config_imports_to_a_preset_tha
     source = _fixture("sd_scripts_flux_lora.toml", tmp_path, MODELS=models)
     preset, printed = _import_then_dry_run("--import-kohya", source, tmp_path)
     assert preset["model"] == {"family": "flux", "path": str(models / "flux1-dev.safetensors"),
-                               "config": "black-forest-labs/FLUX.1-dev", "base_weights": "fp8"}
+                               "config": "black-forest-labs/FLUX.1-dev", "base_weights": "fp8", "block_swap": "auto"}
     assert preset["lora"] == {"rank": 16, "alpha": 1.0}
     assert preset["flow"] == {"shift": 3.1582, "guidance": 1.0}
     train = preset["train"]
@@ -116,8 +116,10 @@ def test_an_sd_scripts_flux_toml_with_its_dataset_config_imports_to_a_preset_tha
     assert (preset["data"]["resolution"], preset["data"]["bucketing"], "keep_tokens" in preset["data"]) == \
         (1024, True, False)
     assert preset["checkpoint"] == {"every": 400} and preset["precision"] == "bf16"
-    for key in ("blocks_to_swap = 18", "subsets[0].color_aug = True", "clip_l = ", "t5xxl = ", "ae = "):
+    for key in ("subsets[0].color_aug = True", "clip_l = ", "t5xxl = ", "ae = "):
         assert key in printed, key
+    # sd-scripts' 18 swapped block units: the plan picks how many of FLUX.1's blocks fit (model.block_swap auto)
+    assert preset["model"]["block_swap"] == "auto" and preset["train"]["gradient_checkpointing"] is True
 
 
 @pytest.mark.slow

@@ -253,6 +253,7 @@ def _training(take: Callable, imported: Imported, family: str, args: dict) -> No
             imported.skip("loss_type", loss, "imagetune's losses are mse (l2), huber and l1")
     if take("gradient_checkpointing"):
         imported.set("train.gradient_checkpointing", True)
+    _block_swap(take, imported, family)
     if take("torch_compile"):
         imported.set("train.compile", True)
     precision = take("mixed_precision")
@@ -365,3 +366,24 @@ def _flow(take: Callable, imported: Imported, family: str) -> None:
     length = integer(take("t5xxl_max_token_length"))
     if length:
         imported.set("flow.max_sequence_length", length)
+
+
+def _block_swap(take, imported: Imported, family: str) -> None:
+    """sd-scripts' `blocks_to_swap` N counts its own units (for FLUX.1 a double block as two single ones, its
+    `flux_train_network.py`), so N is not a count of this model's blocks: `auto` swaps the fewest that fit the GPU,
+    which is what N was chosen for. Block swap needs gradient checkpointing here, as there."""
+    from trainer.core.registry import spec_of
+
+    swap = integer(take("blocks_to_swap"))
+    if not swap:
+        return
+    if not spec_of(family).block_lists:
+        imported.skip("blocks_to_swap", swap, f"{family} has no blocks imagetune swaps (the flow-matching "
+                                              "transformers only)")
+        return
+    imported.set("model.block_swap", "auto")
+    imported.set("train.gradient_checkpointing", True)
+    imported.notes.append(f"model.block_swap auto: sd-scripts swapped {swap} of its block units; auto swaps the "
+                          "fewest of this model's blocks that fit the GPU (hardware.gpu_memory_gb where the GPU is "
+                          "not in this machine)")
+

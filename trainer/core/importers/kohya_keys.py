@@ -36,9 +36,8 @@ IGNORED = {
 }
 # Settings that do change training and have no imagetune equivalent: reported with why when set.
 WHY = {
-    "blocks_to_swap": "imagetune does not swap blocks to the CPU; use model.base_weights fp8/nf4 for memory",
-    "double_blocks_to_swap": "imagetune does not swap blocks to the CPU",
-    "single_blocks_to_swap": "imagetune does not swap blocks to the CPU",
+    "double_blocks_to_swap": "imagetune swaps whole blocks by one count (model.block_swap; blocks_to_swap maps to it)",
+    "single_blocks_to_swap": "imagetune swaps whole blocks by one count (model.block_swap; blocks_to_swap maps to it)",
     "multires_noise_iterations": "multi-resolution (pyramid) noise is not in imagetune; train.noise_offset is",
     "multires_noise_discount": "multi-resolution noise is not in imagetune",
     "adaptive_noise_scale": "adaptive noise scale is not in imagetune; train.noise_offset is",
