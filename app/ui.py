@@ -9,10 +9,11 @@ from pathlib import Path
 import gradio as gr
 
 from app import runs as R
-from app import ui_dataset, ui_export, ui_generate, ui_queue, ui_runs, ui_train
+from app import ui_dataset, ui_export, ui_generate, ui_hub, ui_queue, ui_runs, ui_train
 from app.checks import check_values
 from app.caption_job import CaptionJob
 from app.exports import Exports
+from app.hub_uploads import HubUploads
 from app.jobs import HardwareCache, Jobs
 from app.presets import Presets
 from app.security import Workspace
@@ -35,6 +36,7 @@ class AppContext:
     blocks: gr.Blocks | None = field(default=None)
     login: bool = False  # the UI has a login: show a way out of it
     exports: Exports = field(default_factory=Exports)  # `launch.py --export` processes the Runs tab started
+    hub: HubUploads = field(default_factory=HubUploads)  # `launch.py --push-to-hub` processes it started
     captions: CaptionJob | None = None  # the Dataset tab's `launch.py --caption` process (made with the workspace)
 
     def __post_init__(self) -> None:
@@ -62,12 +64,14 @@ def build_ui(ctx: AppContext) -> gr.Blocks:
                 queued = ui_queue.build()
                 runs = ui_runs.build(ctx)
                 export = ui_export.build()
+                hub = ui_hub.build()
                 generate = ui_generate.build()
             with gr.Tab("Dataset check", id="dataset", elem_id="tab-dataset"):
                 dataset = ui_dataset.build(ctx)
         ui_train.wire(ctx, train)
         ui_runs.wire(ctx, runs, tabs)
         ui_export.wire(ctx, runs, export)
+        ui_hub.wire(ctx, runs, hub)
         ui_generate.wire(ctx, runs, generate)
         ui_queue.wire(ctx, runs, queued)
         ui_dataset.wire(ctx, dataset, train.values)

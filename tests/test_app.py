@@ -689,7 +689,8 @@ def test_the_page_builds_with_every_part(tmp_path):
     ids = {getattr(b, "elem_id", None) for b in blocks.blocks.values()}
     for elem_id in ("preset", "plan-line", "start-button", "yaml-editor", "run-select", "run-progress", "loss-plot",
                     "lr-plot", "eval-plot", "run-eval", "samples-all", "stop-button", "resume-button", "delete-button",
-                    "run-outputs", "run-log", "dataset-path", "dataset-gallery", "field-train-lr", "err-train-lr"):
+                    "run-outputs", "run-log", "dataset-path", "dataset-gallery", "field-train-lr", "err-train-lr",
+                    "hub-repo", "hub-push"):
         assert elem_id in ids, elem_id
 
 

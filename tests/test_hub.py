@@ -73,12 +73,17 @@ def test_a_refused_upload_is_a_warning_and_the_run_stays_done(tmp_path):
     assert (run_dir / "output" / "pytorch_lora_weights.safetensors").is_file()
     assert TOKEN.encode() not in _everything_written(run_dir, result)
     assert f"python launch.py --push-to-hub {run_dir}" in warning
-    # Fixed (here: a Hub that accepts it), the done run is uploaded from its folder, to the repo named now.
-    with FakeHub() as hub:
-        env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_TOKEN": TOKEN, "HF_HUB_OFFLINE": "0"}
-        pushed = subprocess.run([sys.executable, str(REPO / "launch.py"), "--push-to-hub", str(run_dir), "me/mine"],
-                                env=env, capture_output=True, text=True, timeout=120)
-    assert pushed.returncode == 0 and f"uploaded: {hub.url}/me/mine" in pushed.stdout, pushed.stderr
+    # Fixed (here: a Hub that accepts it), the done run is uploaded from its folder, to the repo named now: the
+    # Runs tab's Upload button, which runs `launch.py --push-to-hub RUN REPO` as a process of its own.
+    from app.hub_uploads import HubUploads
+
+    uploads = HubUploads()
+    with FakeHub() as hub, pytest.MonkeyPatch.context() as env:
+        for name, value in (("HF_ENDPOINT", hub.url), ("HF_TOKEN", TOKEN), ("HF_HUB_OFFLINE", "0")):
+            env.setenv(name, value)
+        assert uploads.start(run_dir, "me/mine", exposed=False).wait(timeout=120) == 0, \
+            (run_dir / "train.log").read_text()[-3000:]
+    assert uploads.status(run_dir) == ("ok", f"uploaded: {hub.url}/me/mine")
     assert hub.repos["me/mine"]["files"]["pytorch_lora_weights.safetensors"] == \
         (run_dir / "output" / "pytorch_lora_weights.safetensors").read_bytes()
     assert "| steps | 1 |" in hub.repos["me/mine"]["files"]["README.md"].decode()
@@ -92,6 +97,28 @@ def test_only_a_done_run_is_pushed_after_the_fact(tmp_path):
         result = subprocess.run([sys.executable, str(REPO / "launch.py"), "--push-to-hub", str(tmp_path / folder),
                                  "me/x"], capture_output=True, text=True, timeout=60)
         assert result.returncode == 2 and "is not a done run" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_ui_uploads_only_a_done_run_to_a_valid_repo_and_never_from_an_exposed_ui(monkeypatch, tmp_path):
+    from app.hub_uploads import EXPOSED, HubUploads
+    from trainer.errors import UserError
+
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    run = tmp_path / "demo"
+    run.mkdir()
+    (run / "config.yaml").write_text("name: demo\nmodel: {family: sd}\n")
+    (run / "events.jsonl").write_text('{"type": "plan", "time": 1}\n')
+    uploads = HubUploads()
+    with pytest.raises(UserError, match="has not finished"):
+        uploads.start(run, "me/x", exposed=False)
+    with (run / "events.jsonl").open("a") as events:
+        events.write('{"type": "done", "time": 2, "step": 4, "outputs": []}\n')
+    with pytest.raises(UserError) as refused:
+        uploads.start(run, "me/x", exposed=True)
+    assert str(refused.value) == EXPOSED and "python launch.py --push-to-hub" in EXPOSED
+    with pytest.raises(UserError, match="'no-namespace' is not a Hub repo id"):
+        uploads.start(run, "no-namespace", exposed=False)
+    assert uploads.status(run) is None  # nothing started
 
 
 def test_a_bad_repo_id_a_missing_token_and_detection_are_refused_before_training(monkeypatch, tmp_path):
