@@ -1,19 +1,23 @@
 #!/usr/bin/env python
-"""What fp8 base weights do to a LoRA's training loss, against bf16, on the tiny offline models (CPU):
+"""What quantized base weights (fp8, int8, nf4) do to a LoRA's training loss, against bf16, on the tiny offline
+models (CPU):
 
-    python bench/fp8_loss.py [--models sd flux sdxl] [--steps 40] [--json FILE]
+    python bench/fp8_loss.py [--models sd flux sdxl] [--storages bf16 int8 nf4] [--steps 40] [--json FILE]
 
 `sd` is the demo's pretrained tiny SD (`demo://tiny-sd`) learning the demo's concept (`demo://sks-circle`, the
 yellow circles), the only one of the three whose loss means something; `flux` and `sdxl` are the tests' random
 tiny models on generated circles and squares. Each model trains one LoRA per storage of its frozen network,
 from the same initial adapter on the same batches with the same noise (the engine's draws are a function of the
-step), under bf16 autocast as a bf16 run does: `bf16` (model.base_weights=default), `fp8 storage` (base_weights=fp8, fp8_compute=off: diffusers' layerwise
-casting, each layer upcast to bf16) and `fp8 compute` (fp8_compute=on: e4m3 weights and activations multiplied by
-torch._scaled_mm, trainer.families.components.fp8_linear). Also `fp32` (precision=fp32), to show how far bf16
-itself is from full precision. Reported per storage: the mean and largest relative difference of the per-step
-loss from bf16's, and of the trained LoRA weights (relative Frobenius norm of the difference) from bf16's.
-The families are built as the engine builds them (`family.load()` from a WorkerContext, the real loss); only
-the loop is this file's (AdamW lr 2e-3 for sd as in the demo, 1e-3 for the others, no clipping, batch 2).
+step), under bf16 autocast as a bf16 run does: `bf16` (model.base_weights=default), `fp8 storage`
+(base_weights=fp8, fp8_compute=off: diffusers' layerwise casting, each layer upcast to bf16), `fp8 compute`
+(fp8_compute=on: e4m3 weights and activations multiplied by torch._scaled_mm,
+trainer.families.components.fp8_linear), `int8` (base_weights=int8: torchao's weight-only int8, a scale per
+output row) and `nf4` (base_weights=nf4: torchao's 4-bit NormalFloat, QLoRA's format). Also `fp32`
+(precision=fp32), to show how far bf16 itself is from full precision. Reported per storage: the mean and largest
+relative difference of the per-step loss from bf16's, and of the trained LoRA weights (relative Frobenius norm of
+the difference) from bf16's. The families are built as the engine builds them (`family.load()` from a
+WorkerContext, the real loss); only the loop is this file's (AdamW lr 2e-3 for sd as in the demo, 1e-3 for the
+others, no clipping, batch 2).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -36,6 +41,8 @@ STORAGES = {  # name: overrides
     "bf16": ["precision=bf16"],
     "fp8 storage": ["precision=bf16", "model.base_weights=fp8", "model.fp8_compute=off"],
     "fp8 compute": ["precision=bf16", "model.base_weights=fp8", "model.fp8_compute=on"],
+    "int8": ["precision=bf16", "model.base_weights=int8"],
+    "nf4": ["precision=bf16", "model.base_weights=nf4"],
 }
 EXTRA = {"sd": [], "sdxl": [], "flux": ["flow.max_sequence_length=16"]}
 
@@ -119,6 +126,8 @@ def compare(runs: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["sd", "flux", "sdxl"], choices=["sd", "flux", "sdxl"])
+    parser.add_argument("--storages", nargs="+", default=list(STORAGES), choices=list(STORAGES),
+                        help="bf16, the reference, is always run")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -131,7 +140,7 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        build = {"flux": make_tiny_flux, "sdxl": make_tiny_sdxl}
+        build: dict[str, Callable[[Path], Path]] = {"flux": make_tiny_flux, "sdxl": make_tiny_sdxl}
         for name in args.models:
             if name == "sd":
                 from trainer.families.sd.demo import ensure_concept_data, shipped_tiny_sd
@@ -140,7 +149,7 @@ def main() -> None:
             else:
                 model, data = build[name](work / f"tiny-{name}"), _data(work / "data")
             runs = {s: train(name, model, data, work / f"{name}-{i}", o, args.steps)
-                    for i, (s, o) in enumerate(STORAGES.items())}
+                    for i, (s, o) in enumerate(STORAGES.items()) if s in args.storages or s == "bf16"}
             results[name] = compare(runs)
             print(f"\n== tiny {name}, {args.steps} steps: relative difference from bf16")
             print(f"{'storage':<12} {'loss mean':>10} {'loss max':>9} {'LoRA':>8} {'loss 0':>8} {'last 5':>8} {'s':>6}")

@@ -58,3 +58,21 @@ def tiny_sd3_path(tmp_path_factory):
     from trainer.families.flow.demo import make_tiny_sd3
 
     return make_tiny_sd3(tmp_path_factory.mktemp("tiny-sd3") / "model")
+
+
+@pytest.fixture(scope="session")
+def demo_asset(tmp_path_factory):
+    """`demo_asset("tiny-zimage")`: the path of any family's registered demo asset (`demo://NAME` of a demo preset,
+    trainer.families.demo_builders), built on first use into one session folder, so every module that asks for
+    the same asset shares one build."""
+    from trainer.families import demo_builders, load_object
+
+    root = tmp_path_factory.mktemp("demo-builders")
+    built: dict = {}
+
+    def get(name):
+        if name not in built:
+            built.update(load_object(demo_builders()[name])(root))
+        return built[name]
+
+    return get

@@ -161,3 +161,18 @@ def test_nf4_base_weights_are_for_lora_only():
     assert "nf4 is for LoRA" in str(err.value)
     config = load_config(None, ["model.base_weights=nf4", "train.gradient_checkpointing=false"], check_paths=False)
     assert config.model.base_weights == "nf4"  # the backward keeps the 4-bit weight: no checkpointing needed
+
+
+def test_a_cpu_plan_takes_every_base_weight_mode():
+    """Every mode has a CPU path (tests/test_base_weights_families.py trains each on every diffusion family's demo),
+    so neither the config's checks nor the plan refuse one on the CPU (bf16 here: fp32, the CPU's default, is what
+    that test trains)."""
+    from trainer.core.hardware import CPU_ONLY
+    from trainer.core.plan import make_plan
+
+    for mode in ("fp8", "int8", "nf4"):
+        config = load_config(None, ["model.path=x", "data.path=y", "model.family=flux", "devices=cpu:1",
+                                    f"model.base_weights={mode}", "precision=bf16",
+                                    "train.gradient_checkpointing=true"], check_paths=False)
+        plan = make_plan(config, CPU_ONLY)
+        assert plan.device == "cpu" and plan.precision == "bf16"

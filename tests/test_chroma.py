@@ -29,10 +29,8 @@ PRESET = Path(__file__).resolve().parents[1] / "presets" / "demo-chroma.yaml"
 
 
 @pytest.fixture(scope="module")
-def tiny_chroma(tmp_path_factory):
-    from trainer.families.chroma.demo import make_tiny_chroma
-
-    return make_tiny_chroma(tmp_path_factory.mktemp("chroma") / "tiny-chroma")
+def tiny_chroma(demo_asset):
+    return demo_asset("tiny-chroma")  # the demo's model, built once per session
 
 
 @pytest.fixture(scope="module")

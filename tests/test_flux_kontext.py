@@ -28,10 +28,8 @@ PRESET = Path(__file__).resolve().parents[1] / "presets" / "demo-flux-kontext.ya
 
 
 @pytest.fixture(scope="module")
-def tiny_kontext(tmp_path_factory):
-    from trainer.families.flux_kontext.demo import make_tiny_flux_kontext
-
-    return make_tiny_flux_kontext(tmp_path_factory.mktemp("kontext") / "tiny-flux-kontext")
+def tiny_kontext(demo_asset):
+    return demo_asset("tiny-flux-kontext")  # the demo's model, built once per session
 
 
 @pytest.fixture(scope="module")

@@ -33,10 +33,8 @@ PRESET = Path(__file__).resolve().parents[1] / "presets" / "demo-qwenimage.yaml"
 
 
 @pytest.fixture(scope="module")
-def tiny_qwen(tmp_path_factory):
-    from trainer.families.qwenimage.demo import make_tiny_qwenimage
-
-    return make_tiny_qwenimage(tmp_path_factory.mktemp("qwenimage") / "tiny-qwenimage")
+def tiny_qwen(demo_asset):
+    return demo_asset("tiny-qwenimage")  # the demo's model, built once per session
 
 
 @pytest.fixture(scope="module")

@@ -35,10 +35,8 @@ PRESET = Path(__file__).resolve().parents[1] / "presets" / "demo-zimage.yaml"
 
 
 @pytest.fixture(scope="module")
-def tiny_zimage(tmp_path_factory):
-    from trainer.families.zimage.demo import make_tiny_zimage
-
-    return make_tiny_zimage(tmp_path_factory.mktemp("zimage") / "tiny-zimage")
+def tiny_zimage(demo_asset):
+    return demo_asset("tiny-zimage")  # the demo's model, built once per session
 
 
 @pytest.fixture(scope="module")

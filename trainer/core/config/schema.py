@@ -57,7 +57,8 @@ class ModelConfig:
         "matmul, slower than fp8; `pip install 'imagetune[nf4]'`); or `int8` (torchao's weight-only int8, a scale "
         "per output row: as small as fp8, rounded to a finer grid per row, dequantized inside each matmul; needs no "
         "checkpointing; the same torchao extra). Each rounds the frozen weights a little; the LoRA itself always "
-        "trains in fp32.",
+        "trains in fp32. All four run on the CPU as well (the upcast and the dequantization are plain torch ops), "
+        "for every diffusion family.",
         choices=("default", "fp8", "nf4", "int8"),
     )
     fp8_compute: str = key(
