@@ -89,6 +89,11 @@ class Jobs:
         self._waiters: dict[Path, threading.Thread] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="imagetune-job")
+        # Every run starts from this one thread, made now at the priority the UI process started with: app.main
+        # then lowers the priority of the threads that serve pages (lower_priority), and a process inherits the
+        # priority of the thread that started it, so runs keep theirs.
+        self._launcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="imagetune-launcher")
+        self._launcher.submit(lambda: None).result()  # its thread exists from here on (the pool makes it lazily)
         self._demo: Future | None = None
         self._closing = threading.Event()
 
@@ -147,7 +152,7 @@ class Jobs:
 
         self._approve(config)  # a queued config: approved again when it starts
         run_dir, plan = prepare_run(config, self.runs_dir, self.hardware.for_config(config, wait=300))
-        self._watch(start_run(run_dir, plan, config))
+        self._watch(self._launcher.submit(start_run, run_dir, plan, config).result())
         return run_dir
 
     def start_queue_runner(self, poll_s: float = 2.0) -> None:
@@ -181,7 +186,8 @@ class Jobs:
                 raise UserError(f"Run {name} has not finished stopping yet; try Resume again in a moment.")
         hw = self.hardware.get(300)
         # The changed config is checked like a new run's, before anything is written (the lock is released).
-        self._watch(resume_run(run_dir, list(overrides), hw=hw, approve=self._approve))
+        self._watch(self._launcher.submit(resume_run, run_dir, list(overrides), hw=hw,
+                                          approve=self._approve).result())
         return run_dir
 
     def _approve(self, config: Config) -> None:

@@ -48,6 +48,23 @@ def _patient_url_ok() -> None:
     networking.url_ok = url_ok
 
 
+UI_NICE = 10  # how much lower than the runs the page-serving threads run (nice(2) steps)
+
+
+def lower_priority() -> None:
+    """The threads made from here on (Gradio's server and its handlers) run UI_NICE steps below the runs, so
+    polling pages do not slow training on shared cores. On Linux a priority is each thread's own and a new thread
+    or process inherits its creator's: runs start from app.jobs' launcher thread, made earlier, and keep the
+    priority the UI started with. Elsewhere (macOS, Windows) the priority is the whole process's and runs would
+    inherit the lower one, so nothing changes there."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        os.nice(UI_NICE)
+    except OSError:
+        pass  # not permitted here: the UI keeps its priority
+
+
 def check_runs_dir(runs_dir: str | Path, workspace_root: Path) -> None:
     """Gradio serves every file under the runs folder to whoever is logged in: never a whole disk or home."""
     path = Path(runs_dir).expanduser().resolve()
@@ -83,6 +100,7 @@ def main(host: str = "127.0.0.1", port: int = 7860, auth: tuple[str, str] | None
     ctx.jobs.warm_demo()  # builds the offline demo's tiny model in a child process, so the first Start is quick
     blocks = build_ui(ctx)
     _patient_url_ok()
+    lower_priority()  # after the queue runner and the launcher thread exist: they keep the runs' priority
     blocks.queue(default_concurrency_limit=4)
     print(f"imagetune UI: runs in {ctx.runs_dir}, your presets in {ctx.presets.user_dir}", flush=True)
     if ctx.workspace.confined:
