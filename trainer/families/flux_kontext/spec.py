@@ -9,6 +9,7 @@ FLUX_KONTEXT = FamilySpec(
     implementation="trainer.families.flux_kontext.family:FluxKontextFamily",
     checks="trainer.families.flux_kontext.checks:flux_kontext_checks",
     bucket_multiple=16,  # the transformer packs 2x2 latent patches of the 8x VAE
+    block_lists=("transformer_blocks", "single_transformer_blocks"),  # FLUX.1's transformer, swapped as FLUX's
     trained_component="transformer",
     path_keys=FLOW_PATH_KEYS + ("data.control_path",),
     published_parameters=11.9e9,  # FLUX.1-Kontext-dev's transformer is FLUX.1-dev's architecture
