@@ -82,7 +82,7 @@ def wire(ctx, t: CaptionTools, folder: gr.Textbox, extension: gr.Textbox) -> Non
     """`folder` and `extension` are the Dataset tab's own fields (data.path, data.caption_extension)."""
     job = ctx.captions
 
-    def on_start(path, ext, captioner, instruction, prefix, threshold, overwrite):
+    def start_captioning(path, ext, captioner, instruction, prefix, threshold, overwrite):
         try:  # the threshold only matters to a tagger; the others ignore it
             job.start(CaptionRequest(path, captioner, prefix or "", bool(overwrite), instruction or "",
                                      float(threshold) if threshold else None, ext or ".txt"))
@@ -90,12 +90,12 @@ def wire(ctx, t: CaptionTools, folder: gr.Textbox, extension: gr.Textbox) -> Non
             return f"**Not started:** {exc}"
         return "Starting: loading the captioner"
 
-    t.start.click(on_start, inputs=[folder, extension, t.captioner, t.instruction, t.prefix, t.threshold, t.overwrite],
+    t.start.click(start_captioning, inputs=[folder, extension, t.captioner, t.instruction, t.prefix, t.threshold, t.overwrite],
                   outputs=[t.status])
     t.stop.click(lambda: job.stop(), outputs=[])
     t.timer.tick(lambda: job.status() or gr.skip(), outputs=[t.status])
 
-    def on_load(path, ext):
+    def load_captions(path, ext):
         try:
             folder_path = C.folder_of(ctx.workspace, path)
             found = C.captions_of(folder_path, C.caption_extension(ext))
@@ -107,7 +107,7 @@ def wire(ctx, t: CaptionTools, folder: gr.Textbox, extension: gr.Textbox) -> Non
         return shown, _msg("ok", f"{len(found)} images{more}, {missing} without a caption. A caption is saved when "
                                  "you leave its box.")
 
-    t.load.click(on_load, inputs=[folder, extension], outputs=[t.items, t.message])
+    t.load.click(load_captions, inputs=[folder, extension], outputs=[t.items, t.message])
 
     @gr.render(inputs=[t.items])
     def editor(items):
@@ -119,16 +119,16 @@ def wire(ctx, t: CaptionTools, folder: gr.Textbox, extension: gr.Textbox) -> Non
                     box = gr.Textbox(caption, label=rel, lines=2, scale=5, interactive=True, elem_id=f"caption-edit-{i}",
                                      elem_classes=["caption-edit"])
 
-                    def save(text, path, ext, rel=rel):
+                    def save_caption(text, path, ext, rel=rel):
                         try:
                             C.save_caption(ctx.workspace, path, rel, text, ext)
                         except (UserError, OSError) as exc:
                             return _msg("error", f"{rel}: not saved: {exc}")
                         return _msg("ok", f"Saved {rel}.")
 
-                    box.blur(save, inputs=[box, folder, extension], outputs=[t.message])
+                    box.blur(save_caption, inputs=[box, folder, extension], outputs=[t.message])
 
-    def on_preview(path, ext, operation, find, replacement):
+    def preview_caption_change(path, ext, operation, find, replacement):
         try:
             changes = C.preview(C.folder_of(ctx.workspace, path), operation, find or "", replacement or "", ext)
         except UserError as exc:
@@ -141,14 +141,14 @@ def wire(ctx, t: CaptionTools, folder: gr.Textbox, extension: gr.Textbox) -> Non
         return (changes, f'<div class="msg-box warning">{head}<table><tr><th>image</th><th>before</th><th>after</th>'
                 f"</tr>{rows}</table></div>", gr.update(interactive=True))
 
-    t.preview.click(on_preview, inputs=[folder, extension, t.operation, t.find, t.replacement],
+    t.preview.click(preview_caption_change, inputs=[folder, extension, t.operation, t.find, t.replacement],
                     outputs=[t.pending, t.changes, t.apply])
 
-    def on_apply(pending, path, ext):
+    def apply_caption_change(pending, path, ext):
         written, skipped = C.apply(pending)
         note = f" ({skipped} changed since the preview: left alone)" if skipped else ""
-        shown, listing = on_load(path, ext)
+        shown, listing = load_captions(path, ext)
         return [], _msg("ok", f"Changed {written} caption{'s' if written != 1 else ''}{note}."), \
             gr.update(interactive=False), shown
 
-    t.apply.click(on_apply, inputs=[t.pending, folder, extension], outputs=[t.pending, t.changes, t.apply, t.items])
+    t.apply.click(apply_caption_change, inputs=[t.pending, folder, extension], outputs=[t.pending, t.changes, t.apply, t.items])

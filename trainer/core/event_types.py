@@ -24,6 +24,8 @@ class BadEvent(ValueError):
 @dataclass(frozen=True, kw_only=True)
 class Event:
     kind: ClassVar[str] = ""
+    # Optional fields written even when None (readers of events.jsonl find the key, as they always did)
+    always_written: ClassVar[tuple[str, ...]] = ()
     time: float = 0.0  # set when written (EventLog.emit)
     extra: dict[str, Any] = field(default_factory=dict)  # fields no reader types: written beside the declared ones
 
@@ -33,7 +35,7 @@ class Event:
             if f.name in ("time", "extra"):
                 continue
             value = getattr(self, f.name)
-            if value is None and f.default is None:
+            if value is None and f.default is None and f.name not in self.always_written:
                 continue  # an optional figure this event does not have: left out, as the file always had it
             if isinstance(value, Event):  # nested (a resumed run's plan): its fields only
                 value = {k: v for k, v in value.to_dict().items() if k not in ("type", "time")}
@@ -74,6 +76,8 @@ class ResumedEvent(Event):
 @dataclass(frozen=True, kw_only=True)
 class ProgressEvent(Event):
     kind: ClassVar[str] = "progress"
+    # a non-finite loss is null, and so is the rate of a step that compiled: the key is there either way
+    always_written: ClassVar[tuple[str, ...]] = ("steps", "loss", "lr", "samples_per_s", "eta_s", "epoch")
     step: int
     steps: int | None = None
     loss: float | None = None
