@@ -23,7 +23,7 @@ from trainer.captioning.files import caption_extension
 from app.security import Workspace
 from trainer.captioning.registry import CAPTIONERS, HUB_ID
 from trainer.captioning.run import PROGRESS_PREFIX
-from trainer.core.launcher import REPO_ROOT
+from trainer.core.launcher import repo_env
 from trainer.errors import UserError
 
 KEPT_LINES = 200
@@ -81,8 +81,7 @@ class CaptionJob:
             if self.running():
                 raise UserError("A captioning is running already; wait for it or stop it.")
             self._lines.clear()
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-                p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+            env = repo_env()
             # `-m launch`: the same command line a user types; its own session, so Stop reaches the model's process
             self._proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, env=env, text=True, start_new_session=True)

@@ -4,7 +4,6 @@ a `warning` event naming why) changes the run folder, so the Runs tab shows the 
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
@@ -12,7 +11,7 @@ from pathlib import Path
 
 from trainer.core.checkpoint import complete_checkpoints
 from trainer.core.events import EventLog, WarningEvent
-from trainer.core.launcher import REPO_ROOT
+from trainer.core.launcher import repo_env
 from trainer.core.outputs import export_dir, label
 from trainer.core.runfolder import RunFolder, tail_lines
 from trainer.errors import UserError
@@ -36,7 +35,7 @@ class Exports:
                 raise UserError(f"The outputs of step {step} are being exported already.")
             self._running.add((run_dir, step))
         log_path = RunFolder(run_dir).log
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+        env = repo_env()
         try:
             with open(log_path, "ab") as log:
                 # `-m launch`: the same command line a user types, from a checkout or an installed package

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from trainer.core import queue
-from trainer.core.launcher import REPO_ROOT
+from trainer.core.launcher import repo_env
 from trainer.core.runfolder import RunFolder
 from trainer.errors import UserError
 
@@ -76,8 +76,7 @@ def run(runs_dir: Path, run_dir: Path, request: Request, *, say: Callable[[str],
         time.sleep(poll_s)  # a poll of the runs folder, as the queue's runner
     out = RunFolder(run_dir).path / GENERATED / f"{time.time_ns():019d}"
     out.mkdir(parents=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", ""))
-                                                       if p)}
+    env = repo_env()
     with open(out / "generate.log", "wb") as log:
         proc = subprocess.Popen(request.argv(run_dir, out), stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, env=env, start_new_session=True)

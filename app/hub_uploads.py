@@ -5,7 +5,6 @@ is not reachable from other machines: uploading with the owner's token is a comm
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
@@ -13,7 +12,7 @@ from pathlib import Path
 
 from trainer.core.config import load_config
 from trainer.core.events import EventLog, WarningEvent, final_event, read_events
-from trainer.core.launcher import REPO_ROOT
+from trainer.core.launcher import repo_env
 from trainer.core.runfolder import RunFolder, tail_lines
 from trainer.errors import ConfigError, UserError
 
@@ -46,8 +45,7 @@ class HubUploads:
             if self._status.get(run_dir, ("",))[0] == "uploading":
                 raise UserError(f"Run {run_dir.name} is being uploaded already.")
             self._status[run_dir] = ("uploading", f"Uploading the outputs to {repo} (its lines are in the log).")
-        env = {**os.environ,
-               "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+        env = repo_env()
         try:
             with open(RunFolder(run_dir).log, "ab") as log:
                 proc = subprocess.Popen([sys.executable, "-m", "launch", "--push-to-hub", str(run_dir), repo],

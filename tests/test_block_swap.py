@@ -8,6 +8,7 @@ import contextlib
 import pytest
 import torch
 
+from tests.test_base_weights import _losses
 from tests.test_bucketing_families import make_family, mixed_data, models  # noqa: F401 (fixtures)
 from trainer.core.config import load_config
 from trainer.errors import ConfigError
@@ -15,18 +16,8 @@ from trainer.errors import ConfigError
 SWAP = ["train.gradient_checkpointing=true"]
 
 
-def _train(family, stream, steps=3):
-    params = [p for g in family.param_groups() for p in g["params"]]
-    optimizer = torch.optim.AdamW(params, lr=1e-2, weight_decay=0)
-    batch = [(p, *stream.item(p)) for p in stream.positions(0, 0, 0)]
-    losses = []
-    for _ in range(steps):
-        loss = family.loss(batch)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(float(loss.detach()))
-    return losses
+def _train(family, stream):
+    return _losses(family, stream, steps=3)  # AdamW steps on one fixed batch (tests/test_base_weights.py)
 
 
 @pytest.mark.slow  # 4 s on 2 cores

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
+from trainer.core.slurm import node_overrides
 from trainer.errors import UserError
 
 INDEX = "JOB_COMPLETION_INDEX"
@@ -30,13 +31,7 @@ class KubernetesPod:
     gpus_per_node: int | None
 
     def overrides(self) -> list[str]:
-        found = [f"distributed.nodes={self.nodes}", f"distributed.node_rank={self.node_rank}",
-                 f"distributed.master_addr={self.master_addr}"]
-        if self.master_port:
-            found.append(f"distributed.master_port={self.master_port}")
-        if self.gpus_per_node:
-            found.append(f"devices={self.gpus_per_node}")
-        return found
+        return node_overrides(self.nodes, self.node_rank, self.master_addr, self.master_port, self.gpus_per_node)
 
     def describe(self) -> str:
         gpus = f", {self.gpus_per_node} GPUs per node" if self.gpus_per_node else ""

@@ -22,6 +22,7 @@ import functools
 import importlib.util
 import json
 import os
+from typing import Mapping
 import shutil
 import subprocess
 import sys
@@ -193,6 +194,14 @@ SINGLE_PROCESS_ENV = {
 }
 
 
+def repo_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`base` (this process's environment by default) with this checkout first on PYTHONPATH: what a child that
+    runs this repo's modules (`python -m launch`, `-m trainer...`) needs, from a checkout or an installed package."""
+    env = dict(os.environ if base is None else base)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
 def build_env(plan: Plan, base: dict | None = None, run_id: str = "imagetune") -> dict[str, str]:
     env = dict(os.environ if base is None else base)
     if single_process(plan):
@@ -201,7 +210,7 @@ def build_env(plan: Plan, base: dict | None = None, run_id: str = "imagetune") -
         env["TORCHELASTIC_RUN_ID"] = run_id
         env.pop("TORCHELASTIC_ERROR_FILE", None)  # another launch's (a launcher started under torchrun)
     env["PYTHONUNBUFFERED"] = "1"  # log lines reach train.log (and the UI) as they are printed
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    env = repo_env(env)
     if plan.device == "cuda":
         # The plan's ids count the GPUs this process sees; if CUDA_VISIBLE_DEVICES already narrows them,
         # translate through it rather than re-exposing physical GPUs 0..n.

@@ -59,6 +59,19 @@ def _expand(item: str, whole: str) -> list[str]:
     return hosts
 
 
+def node_overrides(nodes: int, node_rank: int, master_addr: str, master_port: int | None,
+                   gpus_per_node: int | None) -> list[str]:
+    """A cluster node's place as KEY=VALUE overrides, placed before the command line's own (which still win):
+    what SLURM's variables and a Kubernetes pod's (trainer.core.kubernetes) both come to."""
+    found = [f"distributed.nodes={nodes}", f"distributed.node_rank={node_rank}",
+             f"distributed.master_addr={master_addr}"]
+    if master_port:
+        found.append(f"distributed.master_port={master_port}")
+    if gpus_per_node:
+        found.append(f"devices={gpus_per_node}")
+    return found
+
+
 @dataclass(frozen=True)
 class SlurmStep:
     job_id: str
@@ -69,11 +82,7 @@ class SlurmStep:
 
     def overrides(self) -> list[str]:
         """KEY=VALUE overrides (distributed.master_port stays the preset's: the same on every node)."""
-        found = [f"distributed.nodes={self.nodes}", f"distributed.node_rank={self.node_rank}",
-                 f"distributed.master_addr={self.master_addr}"]
-        if self.gpus_per_node:
-            found.append(f"devices={self.gpus_per_node}")
-        return found
+        return node_overrides(self.nodes, self.node_rank, self.master_addr, None, self.gpus_per_node)
 
     def describe(self) -> str:
         gpus = f", {self.gpus_per_node} GPUs per node" if self.gpus_per_node else ""

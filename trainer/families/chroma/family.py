@@ -106,11 +106,9 @@ class ChromaFamily(FlowFamily):
         """FLUX.1's fused BFL names: ComfyUI's Chroma is its Flux model (comfy/model_base.py `class Chroma(Flux)`),
         whose LoRA key map names every `diffusion_model.double_blocks...` / `single_blocks...` weight as
         `lora_unet_<path>` (comfy/lora.py, model_lora_keys_unet)."""
-        from trainer.families.flow.kohya_flux import flux_to_kohya
+        from trainer.families.flow.kohya_flux import transformer_to_kohya
 
-        out_features = {n: m.out_features for n, m in transformer.named_modules()
-                        if isinstance(getattr(m, "out_features", None), int)}
-        return flux_to_kohya(state, alphas, out_features)
+        return transformer_to_kohya(state, alphas, transformer)
 
     def kohya_metadata(self) -> dict[str, str]:
         return {"ss_base_model_version": "chroma", "ss_v2": "False", "modelspec.architecture": "chroma/lora",

@@ -75,11 +75,9 @@ class FluxFamily(FlowFamily):
     def kohya_lora(self, state: dict[str, torch.Tensor], alphas: dict[str, float],
                    transformer: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The fused BFL names every FLUX reader knows (ComfyUI, Forge: trainer.families.flow.kohya_flux)."""
-        from trainer.families.flow.kohya_flux import flux_to_kohya
+        from trainer.families.flow.kohya_flux import transformer_to_kohya
 
-        out_features = {n: m.out_features for n, m in transformer.named_modules()
-                        if isinstance(getattr(m, "out_features", None), int)}
-        return flux_to_kohya(state, alphas, out_features)
+        return transformer_to_kohya(state, alphas, transformer)
 
     def kohya_metadata(self) -> dict[str, str]:
         from trainer.families.flow.kohya_flux import flux_metadata_overrides

@@ -74,6 +74,15 @@ def _kohya_target(path: str) -> tuple[str, tuple[str, ...], int]:
                      "listed ones are not supported)")
 
 
+def transformer_to_kohya(lora_state: Mapping[str, torch.Tensor], alphas: Mapping[str, float],
+                         transformer: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """flux_to_kohya with each layer's output width read from the trained `transformer` (FLUX.1, Kontext and
+    Chroma share these names)."""
+    out_features = {n: m.out_features for n, m in transformer.named_modules()
+                    if isinstance(getattr(m, "out_features", None), int)}
+    return flux_to_kohya(lora_state, alphas, out_features)
+
+
 def flux_to_kohya(lora_state: Mapping[str, torch.Tensor], alphas: Mapping[str, float],
                   out_features: Mapping[str, int]) -> dict[str, torch.Tensor]:
     """Kohya/ComfyUI FLUX entries from a transformer LoRA state dict (peft or diffusers keys, paths relative to

@@ -110,11 +110,9 @@ class FluxKontextFamily(FlowFamily):
     # ---- exports: FLUX.1's (the same transformer) ----------------------------------------------------------------
     def kohya_lora(self, state: dict[str, torch.Tensor], alphas: dict[str, float],
                    transformer: torch.nn.Module) -> dict[str, torch.Tensor]:
-        from trainer.families.flow.kohya_flux import flux_to_kohya
+        from trainer.families.flow.kohya_flux import transformer_to_kohya
 
-        out_features = {n: m.out_features for n, m in transformer.named_modules()
-                        if isinstance(getattr(m, "out_features", None), int)}
-        return flux_to_kohya(state, alphas, out_features)
+        return transformer_to_kohya(state, alphas, transformer)
 
     def kohya_metadata(self) -> dict[str, str]:
         from trainer.families.flow.kohya_flux import flux_metadata_overrides
