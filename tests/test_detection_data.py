@@ -250,7 +250,7 @@ def test_demo_dataset_is_deterministic_and_resolved_through_demo_scheme(tmp_path
 
 def _red_boxes(tmp_path: Path):
     """An image with two red rectangles exactly where its boxes are."""
-    from trainer.families.detection.data import DetRecord
+    from trainer.families.detection.records import DetRecord
 
     img = Image.new("RGB", (160, 120), (128, 128, 128))
     draw = ImageDraw.Draw(img)
@@ -308,9 +308,9 @@ def test_a_yolo_label_file_without_an_image_is_named(tmp_path):
 
 
 def test_many_issues_of_a_kind_end_in_a_sentence_with_the_count(tmp_path):
-    from trainer.families.detection.data import EXAMPLES_PER_KIND, _Report
+    from trainer.families.detection.records import EXAMPLES_PER_KIND, IssueReport
 
-    report = _Report()
+    report = IssueReport()
     for i in range(EXAMPLES_PER_KIND + 21):
         report.add("crowd", f"annotation {i}: a crowd region")
     report.add("clipped")

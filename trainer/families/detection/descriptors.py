@@ -75,7 +75,7 @@ def _listed(listing: Path, key: str) -> Iterator[tuple[str, str]]:
 
 
 def _coco(json_path: Path, images_dir: str | None) -> Iterator[tuple[str, str]]:
-    from trainer.families.detection.data import _coco_images_dir
+    from trainer.families.detection.coco import coco_images_dir
 
     try:
         data = json.loads(json_path.read_text(encoding="utf-8"))
@@ -85,7 +85,7 @@ def _coco(json_path: Path, images_dir: str | None) -> Iterator[tuple[str, str]]:
     if not isinstance(images, list):
         return
     names = [name for im in images if isinstance(im, dict) and isinstance(name := im.get("file_name"), str)]
-    root = _coco_images_dir(json_path, names[0] if names else None, images_dir)
+    root = coco_images_dir(json_path, names[0] if names else None, images_dir)
     key = f"data.path ({json_path.name})"
     yield f"{key} images", str(root)
     for name in names:

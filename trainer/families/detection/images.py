@@ -17,7 +17,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from trainer.families.detection.data import DetRecord
+from trainer.families.detection.records import DetRecord
 
 CACHE_BYTES = 512 << 20  # per dataset and process
 
