@@ -343,6 +343,7 @@ def test_a_killed_run_says_it_was_killed_and_where_it_can_go_on_from(tmp_path):
     assert "<b>Killed</b>" in box and "saved no checkpoint" in box and "restarted" not in box
     assert "Resume</b> continues" not in box and "Fix what it names" not in box
 
+
     # With a checkpoint on disk, both the confirmation and the box name it.
     (run / "checkpoints" / "step-000003").mkdir(parents=True)
     (run / "checkpoints" / "step-000003" / "COMPLETE").write_text("")
@@ -352,6 +353,36 @@ def test_a_killed_run_says_it_was_killed_and_where_it_can_go_on_from(tmp_path):
     gone = read_run(write_run(tmp_path, "gone", [PLAN, progress(1, 0.9)]), EventCache())
     assert gone.status == "unknown" and "restarted" not in ui_runs.failed_html(gone)
     assert "saved no checkpoint" in ui_runs.failed_html(gone)
+
+
+def test_a_run_a_terminal_waits_on_ends_once_when_the_ui_kills_it(tmp_path):
+    """Kill from the UI of a run started in a terminal: the terminal's launcher, waiting on its workers, and the
+    UI's kill both see the workers end without an ending. The run gets one `failed`, and it says Kill ended it
+    (not "exited with signal 15" from the terminal's side, and not two endings)."""
+    import threading
+
+    from trainer.core.events import FINAL_TYPES, read_events
+    from trainer.core.launcher import RunProcess, kill_run
+    from trainer.core.plan import Plan
+    from trainer.core.runlock import identity
+
+    run = write_run(tmp_path, "t", [PLAN, progress(1, 0.9)])
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    plan = Plan(device="cpu", gpu_ids=(), nodes=1, processes_per_node=1, per_device=2, accumulation=1, total=2,
+                precision="fp32", attention="sdpa", steps=10)
+    terminal = RunProcess(run, plan, worker)  # what `python launch.py --preset ...` waits on
+    ending: dict = {}
+    try:
+        (run / "launcher.pid").write_text(identity(worker.pid))
+        waiter = threading.Thread(target=lambda: ending.update(terminal.wait()))
+        waiter.start()
+        assert kill_run(run, grace_s=5)
+        waiter.join(timeout=30)
+    finally:
+        worker.kill()
+    finals = [e for e in read_events(run) if e["type"] in FINAL_TYPES]
+    assert len(finals) == 1 and finals[0]["killed"] is True, finals
+    assert "killed on request" in finals[0]["reason"] and ending == finals[0]
 
 
 def test_runs_page_sends_only_what_changed(tmp_path):

@@ -7,6 +7,7 @@ read back with `parse`. Torch-free: the launcher, `launch.py`'s progress bar and
 
 from __future__ import annotations
 
+import fcntl
 import json
 import time
 from dataclasses import replace
@@ -36,6 +37,23 @@ class EventLog:
         # O_APPEND + one write per line: a reader never sees half a line, even while we write.
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(line + "\n")
+            f.flush()
+        if self.echo is not None:
+            self.echo(event)
+        return event
+
+    def emit_final(self, typed: Event) -> dict:
+        """Write the run's ending unless one is already there, and return the ending that stands. Two processes
+        may both see a run end without one (a terminal's launcher waiting on its workers, and a UI that killed
+        them): the check and the write happen under one lock on the file, so the first writer's ending is the
+        run's only one."""
+        with open(self.path, "a", encoding="utf-8") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)  # released when f closes
+            existing = final_event(read_events(self.path.parent))
+            if existing is not None:
+                return existing
+            event = replace(typed, time=round(time.time(), 3)).to_dict()
+            f.write(json.dumps(event, default=_jsonable) + "\n")
             f.flush()
         if self.echo is not None:
             self.echo(event)

@@ -323,8 +323,7 @@ class RunProcess:
             self.kill(grace_s=5)
 
     def _finish(self, returncode: int) -> dict:
-        events = read_events(self.run_dir)
-        final = final_event(events)
+        final = final_event(read_events(self.run_dir))
         if final is not None:
             return final
         log = EventLog(self.run_dir, echo=launcher_echo(self.run_dir))  # its `failed`, in train.log too
@@ -335,14 +334,14 @@ class RunProcess:
                 extra = {"node_rank": self.node_rank, "message": f"node {self.node_rank} finished; {note}"}
                 ending: Event = (StoppedEvent(extra=extra) if RunFolder(self.run_dir).stop_file.exists()
                                  else DoneEvent(extra=extra))
-                return log.emit(ending)
+                return log.emit_final(ending)
         if self.stalled:
-            return log.emit(FailedEvent(exitcode=returncode, reason=self.stalled, killed=True))
-        if self.killed:
-            return log.emit(FailedEvent(exitcode=returncode, killed=True, reason=killed_reason(self.run_dir)))
+            return log.emit_final(FailedEvent(exitcode=returncode, reason=self.stalled, killed=True))
+        if self.killed or RunFolder(self.run_dir).kill_file.exists():  # by us, or by a UI through kill_run
+            return log.emit_final(FailedEvent(exitcode=returncode, killed=True, reason=killed_reason(self.run_dir)))
         failure = describe_failure(self.run_dir, returncode, self.log_offset, self.node_rank,
                                    single_process=single_process(self.plan))
-        return log.emit(FailedEvent(reason=failure.pop("reason"), exitcode=failure.pop("exitcode", returncode),
+        return log.emit_final(FailedEvent(reason=failure.pop("reason"), exitcode=failure.pop("exitcode", returncode),
                                     extra=failure))
 
 
@@ -393,10 +392,13 @@ def killed_reason(run_dir: str | Path) -> str:
 def kill_run(run_dir: str | Path, grace_s: float = 10.0) -> bool:
     """Kill a run started by another process (e.g. before a GUI restart) through its launcher.pid; if its own
     launcher is gone too and so writes no ending, the `failed` event that says it was killed is written here."""
-    pid = RunFolder(Path(run_dir)).launcher_pid()
+    folder = RunFolder(Path(run_dir))
+    pid = folder.launcher_pid()
     if final_event(read_events(run_dir)) is not None or pid is None:
         return False  # nothing to kill; a recorded pid that now belongs to another process is never signalled
+    folder.kill_file.touch()  # a launcher that still waits on its workers (a terminal's) then says they were killed
     kill_tree(pid, grace_s)
-    if ended(pid) and final_event(read_events(run_dir)) is None:
-        EventLog(run_dir, echo=launcher_echo(run_dir)).emit(FailedEvent(killed=True, reason=killed_reason(run_dir)))
+    if ended(pid):  # its own launcher may be writing the ending now too: emit_final keeps one of the two
+        log = EventLog(run_dir, echo=launcher_echo(run_dir))
+        log.emit_final(FailedEvent(killed=True, reason=killed_reason(run_dir)))
     return True

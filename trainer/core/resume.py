@@ -123,6 +123,7 @@ def resume_run(
         lock.release()
         raise
     folder.stop_file.unlink(missing_ok=True)  # left from the stop being resumed; it would stop us at once
+    folder.kill_file.unlink(missing_ok=True)  # the kill being resumed from; this launch was not killed
     write_atomic(folder.config, to_yaml(r.config))
     write_atomic(folder.plan, json.dumps(r.plan.event(), indent=2) + "\n")
     EventLog(run_dir, echo=launcher_echo(run_dir)).emit(ResumedEvent(

@@ -29,6 +29,7 @@ LOG_FILE = "train.log"
 PID_FILE = "launcher.pid"
 LOGS_DIR = "logs"
 STOP_FILE = "STOP"
+KILL_FILE = "KILLED"  # Kill was asked for by another process: the launcher's ending says so
 SAMPLES_DIR = "samples"
 CHECKPOINTS_DIR = "checkpoints"
 OUTPUT_DIR = "output"
@@ -55,6 +56,7 @@ class RunFolder:
     pid_file = property(lambda self: self.path / PID_FILE)
     logs = property(lambda self: self.path / LOGS_DIR)
     stop_file = property(lambda self: self.path / STOP_FILE)
+    kill_file = property(lambda self: self.path / KILL_FILE)
     samples = property(lambda self: self.path / SAMPLES_DIR)
     checkpoints = property(lambda self: self.path / CHECKPOINTS_DIR)
     output = property(lambda self: self.path / OUTPUT_DIR)
