@@ -40,10 +40,10 @@ def load_pipeline(model: ModelConfig, pipeline_cls, *, folder_hint: str = "unet/
             if model.config and Path(model.config).exists():
                 single["local_files_only"] = True
             single.update({k: v for k, v in kwargs.items() if k == "safety_checker"})
-            return pipeline_cls.from_single_file(str(local), torch_dtype=torch.float32, **single)
+            return pipeline_cls.from_single_file(str(local), dtype=torch.float32, **single)
         return pipeline_cls.from_pretrained(
             str(local) if local.exists() else path,
-            torch_dtype=torch.float32,
+            dtype=torch.float32,
             revision=model.revision,
             variant=model.variant,
             **kwargs,

@@ -207,7 +207,7 @@ class FlowTransformerTrainer:
         local = Path(model.path).expanduser()
         try:
             return self.pipeline_class.from_pretrained(str(local) if local.exists() else model.path,
-                                                       torch_dtype=torch.float32, revision=model.revision,
+                                                       dtype=torch.float32, revision=model.revision,
                                                        variant=model.variant)
         except (OSError, ValueError) as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -96,8 +96,7 @@ def _components(source, dtype: torch.dtype | None = None) -> dict[str, torch.nn.
         classes = {"unet": UNet2DConditionModel, "vae": AutoencoderKL, "text_encoder": CLIPTextModel,
                    "text_encoder_2": CLIPTextModelWithProjection}  # fmt: skip
         kwargs = {"local_files_only": True}
-        return {name: cls.from_pretrained(folder, subfolder=name, **kwargs,
-                                          **({"dtype": dtype} if name.startswith("text") else {"torch_dtype": dtype}))
+        return {name: cls.from_pretrained(folder, subfolder=name, dtype=dtype, **kwargs)
                 for name, cls in classes.items()}  # fmt: skip
     get = source.__getitem__ if isinstance(source, Mapping) else lambda name: getattr(source, name)
     return {name: unwrap(get(name)) for name in COMPONENTS}
