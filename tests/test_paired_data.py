@@ -89,7 +89,8 @@ def test_missing_controls_are_named_before_the_run_starts(tmp_path, pairs):
 
 
 def test_families_without_a_control_image_refuse_it_and_edit_families_require_it(tmp_path, pairs):
-    with pytest.raises(ConfigError, match="data.control_path: flux takes no control image"):
+    with pytest.raises(ConfigError, match=r"data.control_path: flux takes no control image.*\(flux_kontext, "
+                                          r"qwenimage_edit\): set model.family"):
         load_config(None, ["model.family=flux", "data.control_path=controls"], check_paths=False)
     with pytest.raises(ConfigError, match="data.control_path: flux_kontext trains instruction edits"):
         load_config(None, ["model.family=flux_kontext"], check_paths=False)
@@ -112,6 +113,9 @@ def test_the_loss_conditions_each_row_on_its_own_images_control(tmp_path, pairs)
 
         def shift(self, shape):
             return 1.0
+
+        def text_key(self, caption, control):
+            return caption
 
         def forward(self, model, noisy, sigmas, text):
             seen["control"] = text["control"]
