@@ -1,7 +1,9 @@
 """A tiny, randomly initialised Qwen-Image-Edit-2511 pipeline written as a real diffusers folder, offline: the real
 QwenImageTransformer2DModel (2 blocks, `zero_cond_t` on as Qwen/Qwen-Image-Edit-2511's transformer config has it:
-the control tokens are modulated with timestep 0), AutoencoderKLQwenImage (the 3D video VAE with Qwen-Image's
-per-channel latents_mean/latents_std), a Qwen2.5-VL (2 text layers and a one-block vision tower, which the edit
+the control tokens are modulated with timestep 0), AutoencoderKLQwenImage (the 3D video VAE, with a narrow posterior
+as a trained VAE's, `narrow_posterior`, and per-channel latents_mean/latents_std that are its own latents'
+statistics on the demo's edit pairs, `latent_statistics`), a
+Qwen2.5-VL (2 text layers and a one-block vision tower, which the edit
 prompts run on the control image), a byte-level BPE tokenizer with Qwen's chat and vision special tokens, a
 Qwen2VLProcessor whose image processor caps images at 112² pixels (the real one at 384² area gives 196 vision
 tokens; here a 384² condition image is 6x6 patches, 9 tokens), and Qwen-Image's scheduler config, saved as
@@ -24,6 +26,41 @@ TEMPLATE_WORDS = ("system Describe the key features of the input image color sha
 MAX_PIXELS = 112 * 112  # the image processor's cap: small vision sequences on the CPU
 
 
+def narrow_posterior(vae, log_variance: float = -12.0) -> None:
+    """The encoder's log-variance made a constant (std 0.0025), as a trained VAE's posterior is narrow: with random
+    weights its std is about 1, twenty times the spread of its means over the demo's images, and every sampled
+    latent would be noise. The means (quant_conv's first z_dim outputs) are left as they are."""
+    import torch
+
+    z_dim = vae.config.z_dim
+    with torch.no_grad():
+        vae.quant_conv.weight[z_dim:] = 0
+        vae.quant_conv.bias[z_dim:] = log_variance
+
+
+def latent_statistics(vae) -> tuple[list[float], list[float]]:
+    """Per-channel mean and std of the VAE's latents (its distributions' means) over the demo's edit pairs, both
+    sides, as Qwen's latents_mean/latents_std are their VAE's over its data. With Qwen's own values this random
+    VAE's latents normalise to a near-constant: the edit (black background) is 0.6% of their norm, too little to
+    learn or to measure in a CPU minute; with its own statistics the latents are about N(0, 1) per channel."""
+    import tempfile
+
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from trainer.families.components.edit_pairs import make_edit_pairs
+
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = [p for side in ("target", "control")
+                 for p in sorted(make_edit_pairs(Path(tmp) / side, side=side).glob("*.png"))]
+        pixels = torch.stack([torch.from_numpy(np.asarray(Image.open(p).convert("RGB"), dtype=np.float32))
+                              for p in paths]).permute(0, 3, 1, 2) / 127.5 - 1
+    with torch.no_grad():
+        z = vae.encode(pixels[:, :, None]).latent_dist.mean[:, :, 0]
+    return z.mean((0, 2, 3)).tolist(), z.std((0, 2, 3)).tolist()
+
+
 def make_tiny_qwenimage_edit(folder, *, seed: int = 0) -> Path:
     import torch
     from diffusers import (AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageEditPlusPipeline,
@@ -42,9 +79,12 @@ def make_tiny_qwenimage_edit(folder, *, seed: int = 0) -> Path:
                                                   attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
                                                   axes_dims_rope=(4, 6, 6), zero_cond_t=True)
         torch.manual_seed(seed + 1)
-        vae = AutoencoderKLQwenImage(base_dim=8, z_dim=16, dim_mult=[1, 2, 2, 2], num_res_blocks=1)  # real stats
+        vae = AutoencoderKLQwenImage(base_dim=8, z_dim=16, dim_mult=[1, 2, 2, 2], num_res_blocks=1)
         torch.manual_seed(seed + 2)
         text_encoder = qwen_text_encoder(vocab_size, 32, **ids)
+    narrow_posterior(vae)
+    mean, std = latent_statistics(vae)
+    vae.register_to_config(latents_mean=mean, latents_std=std)
     sizes = dict(min_pixels=28 * 28, max_pixels=MAX_PIXELS)
     processor = Qwen2VLProcessor(image_processor=Qwen2VLImageProcessor(**sizes), tokenizer=tokenizer,
                                  video_processor=Qwen2VLVideoProcessor(**sizes))
