@@ -120,7 +120,7 @@ def test_the_training_call_is_the_pipelines_call(pipe, pairs):
         for i in range(2):  # the pipeline draws one prompt at a time (lines 681-686): one call per pair
             embeds, mask = pipe.encode_prompt(captions[i], image=[_condition_image(pipe, controls[i])])
             packed = pipe._pack_latents(latents[i:i + 1], 1, 16, 8, 6)
-            # prepare_latents takes a control with the latent channels as its latents (lines 476-479), packs it
+            # prepare_latents takes a control with the latent channels as its latents (lines 471-474), packs it
             # (487) after the given target latents; img_shapes: the target's, then the control's (753-761)
             target, control_tokens = pipe.prepare_latents([control[i:i + 1, :, None]], 1, 16, 8 * scale, 6 * scale,
                                                           latents.dtype, latents.device, None, packed)

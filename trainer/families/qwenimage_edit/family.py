@@ -22,7 +22,7 @@ draws:
   prediction is read at the target's tokens (`noise_pred[:, : latents.size(1)]`, line 826), so the loss is;
 - the timestep as sigma (`timestep / 1000`, line 818), no guidance embedding, the shift exp(mu) of the target's
   token count alone (`image_seq_len = latents.shape[1]`, line 765, before the control is appended);
-- true CFG with a negative prompt, encoded with the same control image (lines 708, 728-737, 843-845).
+- true CFG with a negative prompt, encoded with the same control image (lines 708, 729-738, 843-845).
 Training as Qwen-Image's (trainer.families.qwenimage.family, after diffusers' train_dreambooth_lora_qwen_image.py):
 velocity noise - x0 at the noisy input's sigma, no loss weighting, logit-normal timesteps with the pipeline's shift
 by default (`flow.timestep_sampling: uniform`, `flow.shift: 1` give that script's uniform draw).
