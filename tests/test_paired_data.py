@@ -66,6 +66,18 @@ def test_each_control_gets_its_targets_random_crop_and_flip(tmp_path, pairs):
     torch.testing.assert_close(jpeg, data.latent_dist(2, 0, 2, "instance")[0].flip(0), atol=0.02, rtol=0)
 
 
+def test_the_text_pairs_are_each_images_captions_with_its_own_control(tmp_path, pairs):
+    """What an edit family whose text encoder reads the control (Qwen-Image-Edit) caches and asks for: every
+    caption a row may draw (the dropped one included) with that row's own control image."""
+    data = _data(tmp_path, _config(*pairs, "data.caption_dropout=0.5"))
+    controls = data.control_paths["instance"]
+    assert sorted(data.caption_controls()) == sorted((caption, control) for control in controls
+                                                     for caption in ("make the background blue", ""))
+    rows = [(position, 0, index, index, "instance") for position, index in enumerate((2, 0, 1))]
+    assert [data.row_control(row) for row in rows] == [controls[2], controls[0], controls[1]]
+    assert all((data.row_caption(row), data.row_control(row)) in data.caption_controls() for row in rows)
+
+
 def test_controls_are_cached_with_their_targets_flips_and_buckets(tmp_path, pairs):
     data = _data(tmp_path, _config(*pairs, "data.flip=true", "data.bucketing=true", "data.bucket_step=16",
                                    "data.val_split=0.34"))
@@ -89,7 +101,8 @@ def test_missing_controls_are_named_before_the_run_starts(tmp_path, pairs):
 
 
 def test_families_without_a_control_image_refuse_it_and_edit_families_require_it(tmp_path, pairs):
-    with pytest.raises(ConfigError, match="data.control_path: flux takes no control image"):
+    with pytest.raises(ConfigError, match=r"data.control_path: flux takes no control image.*\(flux_kontext, "
+                                          r"qwenimage_edit\): set model.family"):
         load_config(None, ["model.family=flux", "data.control_path=controls"], check_paths=False)
     with pytest.raises(ConfigError, match="data.control_path: flux_kontext trains instruction edits"):
         load_config(None, ["model.family=flux_kontext"], check_paths=False)
@@ -112,6 +125,9 @@ def test_the_loss_conditions_each_row_on_its_own_images_control(tmp_path, pairs)
 
         def shift(self, shape):
             return 1.0
+
+        def text_key(self, caption, control):
+            return caption
 
         def forward(self, model, noisy, sigmas, text):
             seen["control"] = text["control"]

@@ -271,3 +271,20 @@ def test_every_key_of_the_comfyui_file_is_in_comfyuis_lumina2_key_map(reference,
             f"{module}.lora_A.weight", f"{module}.lora_B.weight", f"{module}.alpha"}
         assert kohya[f"{module}.lora_B.weight"].shape[0] == comfy[module][1]
         assert kohya[f"{module}.alpha"].item() == 4.0  # the demo's lora.alpha: ComfyUI scales by alpha / rank
+
+
+@pytest.mark.slow
+def test_lokr_and_loha_files_name_only_keys_of_comfyuis_lumina2_key_map(runs, tiny_zimage, data, pipe):
+    """LyCORIS kinds have no diffusers file: the ComfyUI file is all a user loads. ComfyUI's Lumina2 branch maps
+    `diffusion_model.<diffusers path>` (as the LoRA file's), not OneTrainer's `lora_transformer_` names, which it
+    maps for its Flux model only: every module of ours must be one of its keys, with the tensors its LoKr / LoHa
+    adapters read (comfy/weight_adapter/lokr.py, loha.py: `<name>.lokr_w1`..., `<name>.hada_w1_a`..., `.alpha`)."""
+    comfy = _comfy_lumina2_lora_keys(pipe.transformer.config)
+    for kind, tensor in (("lokr", "lokr_w1"), ("loha", "hada_w1_a")):
+        run_dir, final = launch(runs, _config(tiny_zimage, data, "devices=cpu:1", "batch.per_device=2",
+                                              f"name={kind}", f"lora.type={kind}", "train.steps=1"))
+        assert final["type"] == "done", log_of(run_dir)
+        kohya = load_file(str(run_dir / "output" / f"{kind}_kohya.safetensors"))
+        modules = {key.rsplit(".", 1)[0] for key in kohya}
+        assert len(modules) == 7 * 4 and modules <= comfy.keys()
+        assert all(f"{m}.{tensor}" in kohya and f"{m}.alpha" in kohya for m in modules)

@@ -129,16 +129,18 @@ class FamilySpec:
     """The shipped preset (presets/) that trains this family offline on its demo assets, on the CPU, to `done`
     with samples and outputs that load; every family has one (tests/test_demo_presets.py runs them all)."""
 
-    def check(self, config, *, check_paths: bool = True) -> list[str]:
-        """This family's config problems (its `checks`, plus methods and sharding it does not support)."""
+    def check(self, config, *, check_paths: bool = True, edit_families: tuple[str, ...] = ()) -> list[str]:
+        """This family's config problems (its `checks`, plus methods and sharding it does not support).
+        `edit_families`: the registered families that take control images, named where this one does not."""
         problems = []
         if config.method not in self.methods:
             problems.append(f"method: {self.method_note or f'{self.name} trains ' + ' or '.join(self.methods)}"
                             f" (got {config.method})")
         if config.data.control_path and not self.control_images:
+            edits = ", ".join(edit_families) or "none registered"
             problems.append(f"data.control_path: {self.name} takes no control image (its model generates from the "
                             "caption alone); paired instruction-edit training is for the families that do "
-                            "(flux_kontext): set model.family to one of them, or leave data.control_path empty")
+                            f"({edits}): set model.family to one of them, or leave data.control_path empty")
         if self.checks:
             problems += load_object(self.checks)(config, check_paths=check_paths)
         return problems

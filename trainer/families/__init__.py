@@ -19,11 +19,13 @@ from trainer.families.flow.spec import FLUX, SD3
 from trainer.families.flux2.spec import FLUX2, FLUX2_KLEIN
 from trainer.families.flux_kontext.spec import FLUX_KONTEXT
 from trainer.families.qwenimage.spec import QWENIMAGE
+from trainer.families.qwenimage_edit.spec import QWENIMAGE_EDIT
 from trainer.families.sd.spec import SPEC as SD
 from trainer.families.sdxl.spec import SPEC as SDXL
 from trainer.families.zimage.spec import ZIMAGE
 
-for _spec in (SD, SDXL, SD3, FLUX, FLUX2, FLUX2_KLEIN, CHROMA, ZIMAGE, QWENIMAGE, FLUX_KONTEXT, DETECTION):
+for _spec in (SD, SDXL, SD3, FLUX, FLUX2, FLUX2_KLEIN, CHROMA, ZIMAGE, QWENIMAGE, FLUX_KONTEXT, QWENIMAGE_EDIT,
+              DETECTION):
     register(_spec)
 
 __all__ = ["SPECS", "demo_builders", "family_names", "get_family", "spec_of"]

@@ -111,7 +111,8 @@ class DataConfig:
         "and held-out image needing one. The model learns to turn the control into the target as its caption "
         "instructs. Each control gets its target's bucket, crop and flip, and its latents are cached like the "
         "targets'; samples edit the control of the first training image. Only the families that take a control "
-        "image (flux_kontext); empty: no control images.",
+        "image (flux_kontext; qwenimage_edit, whose text encoder also reads the control, so it refuses flips); "
+        "empty: no control images.",
     )
     masks: str = key(
         "",

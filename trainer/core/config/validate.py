@@ -110,7 +110,8 @@ def validate(config: Config, *, check_paths: bool = True) -> list[str]:
     if isinstance(workers, str) and workers != "auto" or isinstance(workers, int) and workers < 0:
         p.append(f"data.workers: must be auto or a whole number of input processes (0 or more), got {workers!r}")
     spec = _spec(config.model.family)
-    p += spec.check(config, check_paths=check_paths)
+    p += spec.check(config, check_paths=check_paths,
+                    edit_families=tuple(name for name, other in SPECS.items() if other.control_images))
     res, multiple = config.data.resolution, spec.resolution_multiple
     if multiple and (res < multiple or res % multiple):
         p.append(f"data.resolution: must be a multiple of {multiple} (the VAE downsamples by {multiple}), "

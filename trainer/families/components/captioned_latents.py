@@ -231,6 +231,23 @@ class CaptionedLatents:
             out.append(self.cfg.prior.class_prompt)
         return out
 
+    def caption_controls(self) -> list[tuple[str, str]]:
+        """With data.control_path: every (caption, control image) a loss may ask for, each image's `captions` with
+        its own control image (the text conditioning of an edit model whose text encoder reads the control)."""
+        assert self.control_paths is not None, "only paired runs have control images"
+        out = []
+        kinds = (("instance", self.images), ("val", self.held_out),
+                 ("class", self.class_images if self.regularization else []))
+        for kind, items in kinds:
+            for item, control in zip(items, self.control_paths[kind]):
+                out += [(caption, control) for caption in self.augment_of(item).cached_captions([item.caption])]
+        return out
+
+    def row_control(self, row: Row) -> str | None:
+        """The control image of a sample with data.control_path, else None."""
+        _, _, image_index, _, kind = row
+        return None if self.control_paths is None else self.control_paths[kind][image_index]
+
     def loss_masks(self, rows: Sequence[Row], latent_hw: tuple[int, int]) -> torch.Tensor | None:
         """(B, 1, h, w) loss weights of `rows` from `data.masks`, or None: every sample trains whole."""
         return self.masks.batch(rows, latent_hw) if self.masks is not None else None

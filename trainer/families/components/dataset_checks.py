@@ -55,3 +55,16 @@ def dataset_problems(config, *, check_paths: bool = True) -> list[str]:
                  + ", ".join(str(s.resolution) for s in regularization) + "); they train as square images of one "
                  "size, paired with every step: give them one resolution")
     return p
+
+
+def control_path_problems(config, family: str, *, check_paths: bool = True) -> list[str]:
+    """An edit family trains pairs: data.control_path must name a folder of control images."""
+    folder = config.data.control_path
+    if not folder:
+        return [f"data.control_path: {family} trains instruction edits, each training image (the edit's result) "
+                "with its control image (the source it was made from): set data.control_path to the folder of "
+                "control images, named like the training images (ai-toolkit's control_path)"]
+    if check_paths and not folder.startswith(DEMO_SCHEME) and not Path(folder).expanduser().is_dir():
+        return [f"data.control_path: folder '{folder}' does not exist; point it at the folder of control images "
+                "named like the training images"]
+    return []

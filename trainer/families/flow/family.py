@@ -60,6 +60,9 @@ class FlowFamily:
     def checkpointing_func(self, transformer: Any) -> Any:
         return None  # diffusers' own: torch.utils.checkpoint of each block, non-reentrant
 
+    def text_key(self, caption: str, control: str | None) -> str:
+        return caption  # the text encoders read the caption alone (Kontext's T5 and CLIP never see its control)
+
     def sample_image_kwargs(self, width: int, height: int) -> dict:
         return {}  # text-to-image: the prompt is all a sample needs (the edit families add their control image)
 

@@ -69,7 +69,14 @@ class FlowModel(Protocol):
         """The frozen encoders' outputs for one caption (batch dimension 1), on the device."""
 
     def texts_for(self, prompt: str, negative_prompt: str) -> list[str]:
-        """What the pipeline encodes to sample one prompt (SD3 adds the negative prompt of its guidance)."""
+        """What the pipeline encodes to sample one prompt (SD3 adds the negative prompt of its guidance), as text
+        keys (`text_key`)."""
+
+    def text_key(self, caption: str, control: str | None) -> str:
+        """The text cache's key of a sample's conditioning, which `encode_caption` encodes: the caption itself
+        (FlowFamily's default), or where the text encoder reads the control image too (Qwen-Image-Edit's
+        Qwen2.5-VL), the caption with that image's path and content digest, so that a changed control image is a
+        new key. `control`: the sample's control image path with data.control_path, else None."""
 
     def shift(self, latent_shape: tuple[int, ...]) -> float: ...
 
@@ -245,7 +252,10 @@ class FlowTransformerTrainer:
 
     def _cache_text(self) -> None:
         cfg, ctx, model = self.cfg, self.ctx, self.model
-        captions = self.data.captions()
+        if self.data.control_paths is None:
+            captions = self.data.captions()
+        else:  # paired: each image's captions with its own control image
+            captions = [model.text_key(caption, control) for caption, control in self.data.caption_controls()]
         captions += [t for prompt in trained_weights.sample_prompts(cfg.sample)
                      for t in model.texts_for(prompt, cfg.sample.negative_prompt)]
         key = {"family": self.name, "path": cfg.model.path, "revision": cfg.model.revision,
@@ -338,7 +348,8 @@ class FlowTransformerTrainer:
         noise = on_device(torch.stack(noises), device)
         sigmas = tensor_on(sigma_list, device, torch.float32)
         noisy, target = fm.noisy_and_target(x0, noise, sigmas, on_device(torch.stack(inputs), device))
-        text = self._text([self.data.row_caption(row) for row in rows])
+        text = self._text([self.model.text_key(self.data.row_caption(row), self.data.row_control(row))
+                           for row in rows])
         if self.data.control_paths is not None:  # paired training: the control images' latents condition too
             controls = [on_device(self.data.control_latent(image_index, epoch, expanded_index, kind), device)
                         for _, epoch, image_index, expanded_index, kind in rows]

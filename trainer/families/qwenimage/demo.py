@@ -8,60 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainer.families.components.tiny_assets import TOKENIZER_CORPUS, ensure_asset
+from trainer.families.components.tiny_assets import ensure_asset
+from trainer.families.components.tiny_qwen import qwen_text_encoder, write_qwen_tokenizer
 
-SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 # The words of QwenImagePipeline's system prompt (prompt_template_encode), so that it tokenizes word by word as
 # Qwen's own tokenizer does (34 tokens up to the caption, the pipeline's prompt_template_encode_start_idx).
 TEMPLATE_WORDS = ("system Describe the image by detailing color shape size texture quantity text spatial relationships "
                   "objects and background user assistant")
-
-
-def _byte_chars() -> list[str]:
-    """GPT-2's byte-to-unicode table (the alphabet of a byte-level BPE)."""
-    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return [chr(c) for c in cs]
-
-
-def write_qwen_tokenizer(folder: Path) -> int:
-    """A byte-level BPE whose merges spell every corpus word after a space ("Ġword") as one token, Qwen's special
-    tokens after it; returns the vocab size. Every merge extends a "Ġ" piece by one character, so no merge inside a
-    word (("a", "t")) can outrank a word's own chain; a word after a newline is spelled out, byte by byte."""
-    from transformers import Qwen2Tokenizer
-
-    vocab = {c: i for i, c in enumerate(_byte_chars())}
-    merges: list[tuple[str, str]] = []
-    for word in sorted(set(TOKENIZER_CORPUS) | set(TEMPLATE_WORDS.split())):
-        piece = "Ġ"
-        for ch in word:
-            if piece + ch not in vocab:
-                merges.append((piece, ch))
-                vocab[piece + ch] = len(vocab)
-            piece += ch
-    for token in SPECIAL:
-        vocab[token] = len(vocab)
-    tok = Qwen2Tokenizer(vocab=vocab, merges=merges, model_max_length=32768)
-    tok.add_special_tokens({"additional_special_tokens": list(SPECIAL[1:])})
-    tok.save_pretrained(folder)
-    return len(vocab)
-
-
-def qwen_text_encoder(vocab_size: int, hidden: int):
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-
-    text = dict(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
-                num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
-                rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},  # sums to head_dim / 2
-                bos_token_id=vocab_size - 3, eos_token_id=vocab_size - 1, pad_token_id=vocab_size - 3)
-    vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=hidden,
-                  fullatt_block_indexes=[0])
-    return Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(text_config=text, vision_config=vision))
 
 
 def make_tiny_qwenimage(folder, *, seed: int = 0) -> Path:
@@ -72,7 +25,7 @@ def make_tiny_qwenimage(folder, *, seed: int = 0) -> Path:
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    vocab_size = write_qwen_tokenizer(folder / "tokenizer")
+    vocab_size = write_qwen_tokenizer(folder / "tokenizer", TEMPLATE_WORDS.split())
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         transformer = QwenImageTransformer2DModel(patch_size=2, in_channels=64, out_channels=16, num_layers=2,

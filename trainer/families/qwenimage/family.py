@@ -27,59 +27,23 @@ examples/dreambooth/train_dreambooth_lora_qwen_image.py (commit 58eb52c) does: o
 by default, as for FLUX and Chroma (`flow.timestep_sampling: uniform` and `flow.shift: 1` give the script's).
 LoRA: the script's default is the image-stream attention projections (line 1284); here every attention projection
 and MLP of both streams (img_mlp/txt_mlp), as the FLUX and Chroma defaults, except the last block's text stream,
-which nothing reads (`lora_paths`); `flow.lora_targets` narrows it. ComfyUI: see `kohya_lora`.
+which nothing reads (`lora_paths`); `flow.lora_targets` narrows it. ComfyUI: see components/qwen_image.py
+`kohya_lora`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
 from diffusers import QwenImagePipeline
 
 from trainer.families.components import flow_matching as fm
-from trainer.families.components.kohya import convert_lora_state, kohya_module_name
+from trainer.families.components import qwen_image
+from trainer.families.components.qwen_image import BLOCK_TARGETS, ImageVAE
 from trainer.families.components.transfer import on_device
 from trainer.families.flow.family import FlowFamily
-
-BLOCK_TARGETS = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj",
-                 "attn.add_v_proj", "attn.to_add_out", "img_mlp.net.0.proj", "img_mlp.net.2", "txt_mlp.net.0.proj",
-                 "txt_mlp.net.2")
-
-# The text stream's own outputs: read by the next block only (its key/value projections feed the image tokens).
-TEXT_ONLY = ("attn.add_q_proj", "attn.to_add_out", "txt_mlp.net.0.proj", "txt_mlp.net.2")
-
-
-class _Frame:
-    """A latent distribution without its frame dimension (one frame: an image)."""
-
-    def __init__(self, dist: Any):
-        self.mean, self.std = dist.mean[:, :, 0], dist.std[:, :, 0]
-
-
-class ImageVAE(torch.nn.Module):
-    """Qwen-Image's 3D VAE as the latent cache calls an image VAE: (B, C, H, W) pixels in, (B, C, h, w) mean and
-    std out. A Module holding the VAE, so that the cache key's weight fingerprint reads the same weights."""
-
-    vae: Any  # AutoencoderKLQwenImage (Module.__getattr__ would type it as Tensor | Module)
-
-    def __init__(self, vae: torch.nn.Module):
-        super().__init__()
-        self.vae = vae
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.vae.dtype
-
-    @property
-    def config(self) -> Any:
-        return self.vae.config
-
-    def encode(self, pixels: torch.Tensor) -> Any:
-        return SimpleNamespace(latent_dist=_Frame(self.vae.encode(pixels.unsqueeze(2)).latent_dist))  # one frame
-
 
 class QwenImageFamily(FlowFamily):
     """Qwen-Image: the flow-matching core (FlowFamily) with Qwen-Image's hooks."""
@@ -93,11 +57,7 @@ class QwenImageFamily(FlowFamily):
         return {"transformer_blocks": BLOCK_TARGETS}  # one kind of block: flow.lora_blocks is refused (checks)
 
     def lora_paths(self, paths: list[str]) -> list[str]:
-        """Without the last block's text-query projection, text output projection and text MLP: the transformer
-        reads only the image stream after its last block (transformer_qwenimage.py lines 981-983), so they train
-        nothing (no gradient at all for the output projection and MLP, which DDP refuses)."""
-        last = f"transformer_blocks.{self.flow.transformer.config.num_layers - 1}."
-        return [p for p in paths if not (p.startswith(last) and p[len(last):] in TEXT_ONLY)]
+        return qwen_image.reaching_prediction(paths, self.flow.transformer.config.num_layers)
 
     def max_sequence_length(self) -> int:
         return self.cfg.flow.max_sequence_length or 512
@@ -119,10 +79,7 @@ class QwenImageFamily(FlowFamily):
         return ImageVAE(vae)
 
     def normalize_latents(self, latents: torch.Tensor) -> torch.Tensor:
-        vae = self.flow.vae.config
-        mean = torch.tensor(vae.latents_mean).view(1, vae.z_dim, 1, 1).to(latents.device, latents.dtype)
-        inv_std = 1.0 / torch.tensor(vae.latents_std).view(1, vae.z_dim, 1, 1).to(latents.device, latents.dtype)
-        return (latents - mean) * inv_std  # the DreamBooth script's exact operations (see the docstring)
+        return qwen_image.normalize_latents(self.flow.vae.config, latents)
 
     def forward(self, model: Any, noisy: torch.Tensor, sigmas: torch.Tensor, text: dict) -> torch.Tensor:
         b, _, h, w = noisy.shape
@@ -159,24 +116,13 @@ class QwenImageFamily(FlowFamily):
     # ---- exports ------------------------------------------------------------------------------------------
     def kohya_lora(self, state: dict[str, torch.Tensor], alphas: dict[str, float],
                    transformer: torch.nn.Module) -> dict[str, torch.Tensor]:
-        """`lora_unet_<diffusers path>` with lora_down/lora_up/alpha: ComfyUI's QwenImage model has diffusers'
-        module names (comfy/ldm/qwen_image/model.py) and maps `lora_unet_<path with _>` onto every
-        `diffusion_model.<path>.weight` (comfy/lora.py model_lora_keys_unet, lines 179-183). It also reads the
-        diffusers file's `transformer.<path>` keys (lines 306-313), but that file has no alphas and ComfyUI then
-        scales by 1, not alpha/rank: this file carries them."""
-        state = {k.removeprefix("transformer."): v for k, v in state.items()}
-        return convert_lora_state(state, prefix="lora_unet",
-                                  alpha={kohya_module_name(p, "lora_unet"): a for p, a in alphas.items()})
+        return qwen_image.kohya_lora(state, alphas)  # lora_unet_<diffusers path>, with alphas (see there)
 
     def comfy_adapter_name(self, path: str) -> str:
-        """LoKr/LoHa/DoRA under the same `lora_unet_<path>` names: ComfyUI maps OneTrainer's `lora_transformer_`
-        names only for SD3, AuraFlow and Flux (comfy/lora.py lines 221, 262), not for QwenImage (lines 306-313)."""
-        return kohya_module_name(path, "lora_unet")
+        return qwen_image.comfy_name(path)
 
     def kohya_metadata(self) -> dict[str, str]:
-        return {"ss_base_model_version": "qwen_image", "ss_v2": "False", "modelspec.architecture": "qwen-image/lora",
-                "modelspec.implementation": "https://huggingface.co/Qwen/Qwen-Image",
-                "modelspec.prediction_type": "flow"}
+        return qwen_image.kohya_metadata("qwen-image/lora", "https://huggingface.co/Qwen/Qwen-Image")
 
     def save_single_file(self, transformer: torch.nn.Module, path: Path, metadata: dict) -> Path:
         from trainer.errors import UserError

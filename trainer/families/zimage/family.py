@@ -115,6 +115,13 @@ class ZImageFamily(FlowFamily):
             out[f"diffusion_model.{path}.alpha"] = torch.tensor(float(alphas[path]))
         return out
 
+    def comfy_adapter_name(self, path: str) -> str:
+        """LoKr/LoHa/DoRA under the plain LoRA file's `diffusion_model.<diffusers path>` names: ComfyUI's Lumina2
+        branch of model_lora_keys_unet maps `diffusion_model.<path>`, `transformer.<path>`, `lycoris_<path with _>`
+        and `<path>` for each z_image_to_diffusers key, not OneTrainer's `lora_transformer_` names (mapped for
+        its Flux model only): FlowFamily's default would be dropped there, layer by layer."""
+        return f"diffusion_model.{path}"
+
     def kohya_metadata(self) -> dict[str, str]:
         return {"ss_base_model_version": "zimage", "ss_v2": "False", "modelspec.architecture": "zimage/lora",
                 "modelspec.implementation": "https://github.com/Tongyi-MAI/Z-Image",
