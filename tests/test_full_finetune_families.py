@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 # family -> whether its release ships a single file beside the diffusers folder (test_export_single_files)
 FAMILIES = {"flux2": True, "flux2_klein": True, "chroma": True, "flux_kontext": True, "zimage": False,
-            "qwenimage": False}
+            "qwenimage": False, "qwenimage_edit": False}
 
 
 @pytest.mark.parametrize("family_name", sorted(FAMILIES))
