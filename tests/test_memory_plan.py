@@ -39,6 +39,20 @@ def test_weights_are_parameter_counts_times_dtype_bytes():
     assert fp8.line().startswith("peak ~") and "fp8 base, 12 of 57 blocks swapped, checkpointing" in fp8.line()
 
 
+def test_a_full_fine_tunes_swapped_blocks_hold_their_weights_gradients_and_optimizer_state_in_cpu_memory():
+    common = dict(gpu_gib=80, method="full", precision="bf16", base_weights="default", checkpointing=True, rank=16,
+                  optimizer_bytes=8, resolution=1024, per_device=1, text_cached=True)
+    resident, swapped = estimate(FLUX, swapped=0, **common), estimate(FLUX, swapped=12, **common)
+    held = 12 * 141_591_808  # the last 12 single blocks: fp32 weight + gradient (8 bytes) + AdamW's two (8)
+    assert _parts(swapped)["weights, gradients, optimizer"] == (11_901_408_320 - held) * 16 / GIB
+    assert _parts(resident)["weights, gradients, optimizer"] == 11_901_408_320 * 16 / GIB
+    assert _parts(swapped)["swapped blocks in flight"] == 141_591_808 * 3 * 4 / GIB  # 2 copies + 1 gradient, fp32
+    assert swapped.cpu_gib == held * 16 / GIB and resident.cpu_gib == 0
+    assert f"the swapped blocks hold {held * 16 / GIB:.1f} in CPU memory" in swapped.line()
+    lora = estimate(FLUX, swapped=12, **{**common, "method": "lora"})
+    assert lora.cpu_gib == held * 2 / GIB  # LoRA: only the frozen bf16 weights
+
+
 def test_activations_reproduce_the_flux_measurement_they_are_calibrated_on():
     """bench/gpu_large.md (H200, FLUX.1-dev LoRA rank 16, 1024 px, caches on): 26,340 MB peak at batch 1 with
     checkpointing, 57,836 without; the estimate of the step (without the VAE, which that benchmark left out) lands

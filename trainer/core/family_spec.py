@@ -151,15 +151,13 @@ class FamilySpec:
         key = f"model.block_swap: {swap}"
         if not self.block_lists:
             return f"{key} is not available for {self.name}: {self.block_swap_note or 'it has no repeated blocks'}"
-        if config.method != "lora":
-            return (f"{key} is for LoRA (method=lora): a full fine-tune would also have to keep the swapped blocks' "
-                    "gradients and optimizer state in CPU memory and step them there, which is not written; a full "
-                    "fine-tune that does not fit one GPU shards across several (distributed.sharding=fsdp)")
         if not config.train.gradient_checkpointing:
             return (f"{key} needs train.gradient_checkpointing=true: without it the backward keeps every block's "
                     "weights on the GPU and nothing is saved; set it, or model.block_swap=0")
         if config.distributed.sharding in ("fsdp", "deepspeed"):
-            return f"{key} runs under DDP: set distributed.sharding=auto or ddp, or model.block_swap=0"
+            return (f"{key} runs under DDP: FSDP and DeepSpeed split the same weights (and a full fine-tune's "
+                    "optimizer state) across the GPUs their own way, and would gather the CPU-held blocks back; "
+                    "set distributed.sharding=ddp (one GPU, or each GPU swapping), or model.block_swap=0")
         if config.model.fp8_compute != "off" and config.model.base_weights == "fp8":
             return (f"{key} copies the stored weights; the fp8 matmul's scaled layers are not written for that yet: "
                     "set model.fp8_compute=off (fp8 storage still halves the weights), or model.block_swap=0")

@@ -7,6 +7,9 @@ What is exact and what is estimated (the plan line says `~`):
   x bytes per parameter of their dtype: exact for bf16 / fp16 / fp32, fp8 and int8 (int8's per-row scales, and the
   norms and embeddings fp8 keeps in bf16, left out: under 1%); nf4 at 0.52 bytes, FLUX.1's measured 5.7 GiB for
   11.9e9 (bench/gpu_large.md).
+- block swap: the swapped blocks' weights leave the GPU (LoRA: frozen, in the base's dtype; a full fine-tune: fp32
+  weights, gradients and optimizer state, stepped on the CPU) and are counted as CPU memory; a full fine-tune's
+  step adds two blocks in flight (the computing one and the prefetched one, fp32) and one block's gradients.
 - LoRA: its parameters (per unit of rank on the default layers, FLUX.1's 65.4e6 at rank 16 scaled by the model's
   blocks x width) x (fp32 weight + gradient + optimizer state).
 - activations: calibrated on FLUX.1-dev LoRA at 1024 px on an H200 (bench/gpu_large.md: 2.75 GiB a sample with
@@ -59,6 +62,11 @@ class ModelSizes:
         sizes = [size for count, size in self.blocks for _ in range(count)]
         return sum(sizes[len(sizes) - n:]) if n > 0 else 0
 
+    def largest_of_last(self, n: int) -> int:
+        """Parameters of the largest of the last `n` blocks (a swapped block in flight)."""
+        sizes = [size for count, size in self.blocks for _ in range(count)]
+        return max(sizes[len(sizes) - n:]) if n > 0 else 0
+
 
 def flow_sizes(blocks: tuple[tuple[int, int], ...], other: int, width: int, text_encoders: int, vae: int) -> ModelSizes:
     """A flow transformer's sizes with activations and LoRA scaled from FLUX.1's measurement by blocks x width."""
@@ -79,6 +87,8 @@ class MemoryPlan:
     swapped: int
     blocks: int
     checkpointing: bool
+    cpu_gib: float = 0.0
+    """CPU memory the swapped blocks hold (their weights; a full fine-tune's gradients and optimizer state too)."""
 
     @property
     def step_gib(self) -> float:
@@ -101,6 +111,8 @@ class MemoryPlan:
         parts = ", ".join(f"{what} {gib:.1f}" for what, gib in self.parts)
         when = (f"; the text cache's build peaks at {self.load_gib:.1f} (encoders on the GPU)"
                 if self.load_gib > self.step_gib else "")
+        if self.cpu_gib:
+            when += f"; the swapped blocks hold {self.cpu_gib:.1f} in CPU memory"
         return (f"peak ~{self.peak_gib:.1f} GB of {self.gpu_gib:g} GB: {', '.join(how)} (GiB; step: {parts}{when}; "
                 f"weights counted exactly, activations estimated; {RESERVE_GIB:g} GB kept for the CUDA context)")
 
@@ -117,10 +129,15 @@ def estimate(sizes: ModelSizes, *, gpu_gib: float, method: str, precision: str, 
     else:
         base = precision if base_weights == "default" else base_weights
         weight_bytes = BYTES[base]
-    resident = sizes.denoiser - sizes.last_blocks(swapped)
+    held = sizes.last_blocks(swapped)
+    resident = sizes.denoiser - held
     parts = [("weights", resident * weight_bytes / GIB)]
-    if method == "full":
-        parts = [("weights, gradients, optimizer", sizes.denoiser * (8 + optimizer_bytes) / GIB / shards)]
+    cpu = held * weight_bytes / GIB
+    if method == "full":  # fp32 weight and gradient (8 bytes) and the optimizer's state; swapped ones on the CPU
+        parts = [("weights, gradients, optimizer", resident * (8 + optimizer_bytes) / GIB / shards)]
+        cpu = held * (8 + optimizer_bytes) / GIB
+        if swapped:  # the computing block and the prefetched one (fp32 copies), one block's gradients
+            parts.append(("swapped blocks in flight", sizes.largest_of_last(swapped) * 3 * BYTES["fp32"] / GIB))
     else:
         parts.append(("LoRA + optimizer", sizes.lora_per_rank * rank * (8 + optimizer_bytes) / GIB))
     activations = sizes.activation_gib[0 if checkpointing else 1] * per_device * (resolution / 1024) ** 2
@@ -132,7 +149,7 @@ def estimate(sizes: ModelSizes, *, gpu_gib: float, method: str, precision: str, 
     # The encoders fill the text cache with the denoiser parked in CPU memory (trainer.families.flow.trainer), but
     # under FSDP / DeepSpeed, and with the UNet families, beside it
     load = (0.0 if encode_alone else parts[0][1]) + vae + encoders if text_cached else 0.0
-    return MemoryPlan(gpu_gib, tuple(parts), load, base, swapped, sizes.block_count, checkpointing)
+    return MemoryPlan(gpu_gib, tuple(parts), load, base, swapped, sizes.block_count, checkpointing, cpu)
 
 
 def fewest_swapped(fit, blocks: int) -> int | None:

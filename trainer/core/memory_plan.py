@@ -62,7 +62,7 @@ def plan_memory(config: Config, hw: Hardware, device: str, gpu_ids: tuple[int, .
     plan = at(min(swap, sizes.block_count))
     if not plan.fits:
         fix = ""
-        if sizes.block_count and config.method == "lora" and config.train.gradient_checkpointing:
+        if sizes.block_count and config.train.gradient_checkpointing and sharding == "ddp":
             fewest = fewest_swapped(lambda n: at(n).fits, sizes.block_count)
             fix = f" (model.block_swap: auto would swap {fewest})" if fewest is not None else ""
         notes.append(f"memory: the estimate, {plan.peak_gib:.1f} GB, is more than this {gpu:g} GB GPU less "

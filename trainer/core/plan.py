@@ -188,6 +188,8 @@ def choose_sharding(config: Config, hw: Hardware, device: str, world: int,
         return wanted, []
     if config.method != "full" or device != "cuda" or not parameters or not hw.gpu_memory_gb:
         return "ddp", []
+    if config.model.block_swap != 0:  # each GPU holds swapped blocks in CPU memory: the memory plan sizes that
+        return "ddp", []
     need_gb = full_finetune_bytes(parameters, config.train.optimizer) / 2**30
     have_gb = min(hw.gpu_memory_gb)
     if need_gb <= 0.8 * have_gb:

@@ -84,10 +84,12 @@ class ModelConfig:
     )
     block_swap: Union[int, str] = key(
         0,
-        "LoRA on one GPU too small for the model: how many of the transformer's repeated blocks (the last ones) keep "
-        "their frozen weights in CPU memory, each copied to the GPU for its call while the previous block computes "
-        "(`auto`: the fewest that fit the plan's memory estimate; 0: none). Slower by the copies that compute does "
-        "not hide; needs train.gradient_checkpointing; the flow-matching families only (bench/block_swap.md).",
+        "One GPU too small for the model: how many of the transformer's repeated blocks (the last ones) keep their "
+        "weights in CPU memory, each copied to the GPU for its call while the previous block computes (`auto`: the "
+        "fewest that fit the plan's memory estimate; 0: none). LoRA: their frozen weights; a full fine-tune: their "
+        "fp32 weights, gradients and optimizer state too, stepped on the CPU. Slower by the copies that compute does "
+        "not hide; needs train.gradient_checkpointing and DDP (not FSDP/DeepSpeed); the flow-matching families only "
+        "(bench/block_swap.md).",
     )
     zero_terminal_snr: bool = key(
         False,

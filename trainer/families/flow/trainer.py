@@ -173,9 +173,10 @@ class FlowTransformerTrainer:
                 from trainer.families.components.adapter_init import apply_start
 
                 apply_start(start, {"transformer": self.transformer}, cfg.lora)
-        if swapped:  # after LoRA: its layers in the swapped blocks move to the device and train there
-            self.block_swap = BlockSwap(swapped, device)
-            ignored_by_ddp(self.transformer)
+        if swapped:  # after LoRA: its layers in the swapped blocks move to the device and train there (a full
+            # fine-tune's swapped weights train in CPU memory: block_swap.py)
+            self.block_swap = BlockSwap(swapped, device, trains=cfg.method == "full")
+            ignored_by_ddp(self.transformer, self.block_swap)
         if cfg.train.gradient_checkpointing:
             self.transformer.enable_gradient_checkpointing(model.checkpointing_func(self.transformer))
         self.transformer.train()
