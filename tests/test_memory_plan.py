@@ -30,7 +30,7 @@ def test_weights_are_parameter_counts_times_dtype_bytes():
     assert FLUX.denoiser == 11_901_408_320 == BLOCKS + 64_124_992
     common = dict(gpu_gib=24, method="lora", precision="bf16", checkpointing=True, rank=16, optimizer_bytes=8,
                   resolution=1024, per_device=1, text_cached=False)
-    bf16 = estimate(FLUX, base_weights="default", swapped=0, **common)
+    bf16 = estimate(FLUX, base_weights="bf16", swapped=0, **common)
     assert _parts(bf16)["weights"] == 11_901_408_320 * 2 / GIB
     assert _parts(bf16)["text encoders"] == (123_060_480 + 4_762_310_656) * 2 / GIB  # CLIP-L + T5-XXL
     assert _parts(bf16)["LoRA + optimizer"] == 65.4e6 * (4 + 4 + 8) / GIB  # fp32 weight, gradient, AdamW's two
@@ -40,7 +40,7 @@ def test_weights_are_parameter_counts_times_dtype_bytes():
 
 
 def test_a_full_fine_tunes_swapped_blocks_hold_their_weights_gradients_and_optimizer_state_in_cpu_memory():
-    common = dict(gpu_gib=80, method="full", precision="bf16", base_weights="default", checkpointing=True, rank=16,
+    common = dict(gpu_gib=80, method="full", precision="bf16", base_weights="bf16", checkpointing=True, rank=16,
                   optimizer_bytes=8, resolution=1024, per_device=1, text_cached=True)
     resident, swapped = estimate(FLUX, swapped=0, **common), estimate(FLUX, swapped=12, **common)
     held = 12 * 141_591_808  # the last 12 single blocks: fp32 weight + gradient (8 bytes) + AdamW's two (8)
@@ -58,7 +58,7 @@ def test_activations_reproduce_the_flux_measurement_they_are_calibrated_on():
     checkpointing, 57,836 without; the estimate of the step (without the VAE, which that benchmark left out) lands
     within 3% of both."""
     for checkpointing, measured_mib in ((True, 26_340), (False, 57_836)):
-        plan = estimate(FLUX, gpu_gib=141, method="lora", precision="bf16", base_weights="default", swapped=0,
+        plan = estimate(FLUX, gpu_gib=141, method="lora", precision="bf16", base_weights="bf16", swapped=0,
                         checkpointing=checkpointing, rank=16, optimizer_bytes=8, resolution=1024, per_device=1,
                         text_cached=True)
         step = plan.step_gib - _parts(plan)["VAE"]

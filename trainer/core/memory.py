@@ -127,7 +127,7 @@ def estimate(sizes: ModelSizes, *, gpu_gib: float, method: str, precision: str, 
     if method == "full":
         base, weight_bytes = "fp32", BYTES["fp32"]
     else:
-        base = precision if base_weights == "default" else base_weights
+        base = precision if base_weights == "bf16" else base_weights  # bf16: unquantized, the plan's precision
         weight_bytes = BYTES[base]
     held = sizes.last_blocks(swapped)
     resident = sizes.denoiser - held

@@ -72,7 +72,7 @@ def plan_memory(config: Config, hw: Hardware, device: str, gpu_ids: tuple[int, .
 
 def _nothing_fits(config: Config, plan: MemoryPlan, at) -> str:
     options = []
-    if config.model.base_weights == "default" or config.model.base_weights == "fp8":
+    if config.model.base_weights == "bf16" or config.model.base_weights == "fp8":
         for base in ("fp8", "nf4"):
             if base != config.model.base_weights:
                 other = at(plan.blocks, base)

@@ -46,9 +46,9 @@ class ModelConfig:
     revision: Optional[str] = key(None, "Hub revision (branch, tag or commit) of a hub model.")
     variant: Optional[str] = key(None, "Hub weight variant, e.g. `fp16`.")
     base_weights: str = key(
-        "default",
-        "How a LoRA run stores the frozen network it adapts (UNet / transformer): `default` (the plan's precision: "
-        "bf16 or fp16 on GPUs, fp32 on the CPU); `fp8` (float8 e4m3: half the memory of bf16, FLUX's transformer "
+        "bf16",
+        "How a LoRA run stores the frozen network it adapts (UNet / transformer): `bf16` (unquantized, in the plan's "
+        "precision: bf16 or fp16 on GPUs, fp32 on the CPU; `default`, its name before, is read as bf16); `fp8` (float8 e4m3: half the memory of bf16, FLUX's transformer "
         "12 GB instead of 24; each layer is upcast to the plan's precision for its own forward by diffusers' "
         "layerwise casting; needs train.gradient_checkpointing, without it every upcast weight is kept for the "
         "backward pass and nothing is saved; on GPUs with fp8 tensor cores model.fp8_compute multiplies in fp8 "
@@ -59,7 +59,7 @@ class ModelConfig:
         "checkpointing; the same torchao extra). Each rounds the frozen weights a little; the LoRA itself always "
         "trains in fp32. All four run on the CPU as well (the upcast and the dequantization are plain torch ops), "
         "for every diffusion family.",
-        choices=("default", "fp8", "nf4", "int8"),
+        choices=("bf16", "fp8", "nf4", "int8"),
     )
     fp8_compute: str = key(
         "off",
