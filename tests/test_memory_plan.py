@@ -53,6 +53,16 @@ def test_a_full_fine_tunes_swapped_blocks_hold_their_weights_gradients_and_optim
     assert lora.cpu_gib == held * 2 / GIB  # LoRA: only the frozen bf16 weights
 
 
+def test_the_text_encoders_load_peak_is_counted_in_their_stored_dtype():
+    common = dict(gpu_gib=24, method="lora", precision="bf16", base_weights="fp8", swapped=0, checkpointing=True,
+                  rank=16, optimizer_bytes=8, resolution=1024, per_device=1, text_cached=True, encode_alone=True)
+    encoders, vae = 123_060_480 + 4_762_310_656, 83_819_683  # CLIP-L + T5-XXL; FLUX.1's VAE (trainer.families.sizes)
+    assert FLUX.vae == vae
+    for mode, per_weight in (("bf16", 2), ("fp8", 1), ("int8", 1), ("nf4", 0.52)):
+        plan = estimate(FLUX, encoder_weights=mode, **common)
+        assert plan.load_gib == (encoders * per_weight + vae * 2) / GIB  # alone on the GPU (the denoiser parked)
+
+
 def test_activations_reproduce_the_flux_measurement_they_are_calibrated_on():
     """bench/gpu_large.md (H200, FLUX.1-dev LoRA rank 16, 1024 px, caches on): 26,340 MB peak at batch 1 with
     checkpointing, 57,836 without; the estimate of the step (without the VAE, which that benchmark left out) lands

@@ -99,6 +99,9 @@ class FamilySpec:
     path_help: str = ""
     """What `model.path` names for this family when it is not a diffusers model, appended to that key's help
     (detection: its architectures); empty: nothing to add."""
+    quantizes_text_encoders: bool = False
+    """Its trainer stores the frozen text encoders as `model.text_encoder_weights` says; False: other values are
+    refused (their encoders are loaded unquantized)."""
     sizes: ModelSizes | None = None
     """Its base model's published sizes, for the plan's memory estimate (trainer.core.memory); None: no estimate."""
     sizes_variants: dict[str, ModelSizes] = field(default_factory=dict)
@@ -139,6 +142,10 @@ class FamilySpec:
             problems.append(f"data.control_path: {self.name} takes no control image (its model generates from the "
                             "caption alone); paired instruction-edit training is for the families that do "
                             "(flux_kontext): set model.family to one of them, or leave data.control_path empty")
+        if config.model.text_encoder_weights != "bf16" and not self.quantizes_text_encoders:
+            problems.append(f"model.text_encoder_weights: {config.model.text_encoder_weights} is for the "
+                            f"flow-matching families; {self.name} keeps its text encoders unquantized (they are "
+                            "small beside its network): set model.text_encoder_weights=bf16")
         if self.checks:
             problems += load_object(self.checks)(config, check_paths=check_paths)
         return problems

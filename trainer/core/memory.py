@@ -16,7 +16,7 @@ What is exact and what is estimated (the plan line says `~`):
   checkpointing, 33.2 without, from the batch 1 -> 2 difference), scaled by blocks x width for the
   other transformers and linearly by pixels and batch (SDPA's attention memory is linear in tokens); SD 1.5 and
   SDXL from their own measurements. An estimate, uncalibrated for the other families until a GPU measures them.
-- the load: while the text cache is built the text encoders are on the GPU, alone for the flow-matching families
+- the load: while the text cache is built the text encoders are on the GPU (in model.text_encoder_weights' dtype), alone for the flow-matching families
   under DDP (the denoiser waits in CPU memory), beside the denoiser otherwise; a peak of its own, reported when it
   is the larger one.
 Besides, 1 GiB is kept free for the CUDA context and the allocator's fragmentation.
@@ -119,10 +119,12 @@ class MemoryPlan:
 
 def estimate(sizes: ModelSizes, *, gpu_gib: float, method: str, precision: str, base_weights: str, swapped: int,
              checkpointing: bool, rank: int, optimizer_bytes: float, resolution: int, per_device: int,
-             text_cached: bool, shards: int = 1, encode_alone: bool = False) -> MemoryPlan:
+             text_cached: bool, shards: int = 1, encode_alone: bool = False,
+             encoder_weights: str = "bf16") -> MemoryPlan:
     """The peak of one GPU's step. `optimizer_bytes`: per trained parameter (trainer.core.model_size);
     `shards`: the processes FSDP shards a full fine-tune across; `encode_alone`: the text encoders fill their cache
-    while the denoiser waits in CPU memory."""
+    while the denoiser waits in CPU memory; `encoder_weights`: model.text_encoder_weights (bf16: the plan's
+    precision)."""
     act_bytes = BYTES["bf16"] if precision in ("bf16", "fp16") else BYTES["fp32"]
     if method == "full":
         base, weight_bytes = "fp32", BYTES["fp32"]
@@ -142,7 +144,8 @@ def estimate(sizes: ModelSizes, *, gpu_gib: float, method: str, precision: str, 
         parts.append(("LoRA + optimizer", sizes.lora_per_rank * rank * (8 + optimizer_bytes) / GIB))
     activations = sizes.activation_gib[0 if checkpointing else 1] * per_device * (resolution / 1024) ** 2
     parts.append(("activations", activations * act_bytes / 2))
-    encoders, vae = sizes.text_encoders * act_bytes / GIB, sizes.vae * act_bytes / GIB
+    encoder_bytes = act_bytes if encoder_weights == "bf16" else BYTES[encoder_weights]
+    encoders, vae = sizes.text_encoders * encoder_bytes / GIB, sizes.vae * act_bytes / GIB
     parts.append(("VAE", vae))
     if not text_cached:
         parts.append(("text encoders", encoders))

@@ -61,6 +61,17 @@ class ModelConfig:
         "for every diffusion family.",
         choices=("bf16", "fp8", "nf4", "int8"),
     )
+    text_encoder_weights: str = key(
+        "bf16",
+        "How the frozen text encoders are stored while they encode the captions (the text cache, or every step "
+        "without it): `bf16` (unquantized, in the plan's precision); `fp8`, `int8` or `nf4` as model.base_weights "
+        "stores the denoiser (the same component, quantized in CPU memory before they reach the GPU), which lets a "
+        "big encoder fill the cache on a small card: FLUX.2 dev's Mistral Small 3 (44.7 GiB in bf16) in about 12 "
+        "GiB as nf4, Qwen-Image's Qwen2.5-VL 7B (15.4 GiB) in about 8 (musubi-tuner's --fp8_vl / --fp8_text_encoder "
+        "and ai-toolkit's quantize_te do the same). Each rounds the caption embeddings a little (tests bound it); "
+        "the plan counts the encoders' load peak in this storage. The flow-matching families only.",
+        choices=("bf16", "fp8", "nf4", "int8"),
+    )
     fp8_compute: str = key(
         "off",
         "With model.base_weights=fp8: whether the frozen Linear layers also multiply in fp8 (kohya/musubi's "

@@ -23,5 +23,6 @@ CHROMA = FamilySpec(
     demo_assets={"tiny-chroma": "trainer.families.chroma.demo:ensure_tiny_chroma"},
     section="flow",
     section_title=FLOW_SECTION_TITLE,
+    quantizes_text_encoders=True,  # model.text_encoder_weights (trainer.families.flow.trainer)
     xformers=False,  # diffusers' attention processors on SDPA; xformers is wired for the UNets
 )

@@ -69,6 +69,34 @@ def place_frozen_network(module: ModelMixin, base_weights: str, device: torch.de
     _to_device(module, device, held)  # what was not quantized; stored weights keep their storage dtype
 
 
+def store_text_encoder(module: torch.nn.Module, text_encoder_weights: str, dtype: torch.dtype) -> None:
+    """`model.text_encoder_weights`: a frozen text encoder (a transformers model, in CPU memory in `dtype`) stored
+    as the denoiser's base weights are, before it meets the GPU: its Linear layers (nearly all of a text encoder's
+    weights; embeddings and norms kept) `fp8` through diffusers' layerwise casting hook, each upcast for its own
+    forward, `nf4` and `int8` through torchao, quantized where it lies (so the GPU never holds it in full
+    precision). `bf16`: as it is."""
+    if text_encoder_weights == "bf16":
+        return
+    cpu = torch.device("cpu")
+    if text_encoder_weights == "fp8":
+        # Linear layers only: diffusers' apply_layerwise_casting on a transformers model also cast T5's RMSNorm
+        # weight, which T5 multiplies with fp32 activations ("Promotion for Float8 Types is not supported")
+        # weight, which T5 multiplies with fp32 activations ("Promotion for Float8 Types is not supported"). The
+        # model's own `_keep_in_fp32_modules` (T5's `wo`, whose input it casts to that weight's dtype) stay as well.
+        from diffusers.hooks.layerwise_casting import apply_layerwise_casting_hook
+
+        keep = set(getattr(module, "_keep_in_fp32_modules", None) or ())
+        for name, layer in module.named_modules():
+            if isinstance(layer, torch.nn.Linear) and not layer.weight.requires_grad and not keep & set(name.split(".")):
+                apply_layerwise_casting_hook(layer, torch.float8_e4m3fn, dtype, non_blocking=False)
+    elif text_encoder_weights == "nf4":
+        store_linear_weights_nf4(module, cpu)
+    elif text_encoder_weights == "int8":
+        store_linear_weights_int8(module, cpu)
+    else:
+        raise ValueError(f"unknown model.text_encoder_weights {text_encoder_weights!r}")
+
+
 @contextlib.contextmanager
 def parked(module: torch.nn.Module, device: torch.device, held: Sequence[torch.nn.Module] = ()) -> Iterator[None]:
     """`module`'s weights on the device (all but `held`, which stay where they are) moved to CPU memory for the

@@ -25,6 +25,7 @@ SD3 = FamilySpec(
     demo_assets={"tiny-sd3": "trainer.families.flow.demo:ensure_tiny_sd3"},
     section="flow",
     section_title=FLOW_SECTION_TITLE,
+    quantizes_text_encoders=True,  # model.text_encoder_weights (trainer.families.flow.trainer)
     xformers=False,  # their transformers run diffusers' attention processors on SDPA; xformers is wired for UNets
 )
 
@@ -46,5 +47,6 @@ FLUX = FamilySpec(
     demo_assets={"tiny-flux": "trainer.families.flow.demo:ensure_tiny_flux"},
     section="flow",
     section_title=FLOW_SECTION_TITLE,
+    quantizes_text_encoders=True,  # model.text_encoder_weights (trainer.families.flow.trainer)
     xformers=False,  # their transformers run diffusers' attention processors on SDPA; xformers is wired for UNets
 )

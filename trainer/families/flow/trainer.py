@@ -24,7 +24,8 @@ from trainer.errors import UserError
 from trainer.families.components import flow_matching as fm
 from trainer.families.components import text_cache, trained_weights
 from trainer.families import spec_of
-from trainer.families.components.base_weights import frozen_dtype, parked, place_frozen_network
+from trainer.families.components.base_weights import (frozen_dtype, parked, place_frozen_network,
+                                                       store_text_encoder)
 from trainer.families.components.block_swap import BlockSwap, ignored_by_ddp, last_blocks
 from trainer.families.components.captioned import torch_generator
 from trainer.families.components.captioned_latents import CaptionedLatents, Row
@@ -130,6 +131,7 @@ class FlowTransformerTrainer:
         self.block_swap: BlockSwap | None = None
         self.swapped: list[torch.nn.Module] = []  # the blocks block_swap keeps in CPU memory
         self.encode_alone = False  # the text encoders reach the GPU only to fill the text cache
+        self.encoders_fingerprint = ""  # of the text encoders' weights as loaded, for the text cache's key
 
     # ---- models -------------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -158,9 +160,15 @@ class FlowTransformerTrainer:
         # memory (prepare_data): the load then peaks at the larger of the two, not their sum (trainer.core.memory)
         self.swapped = swapped
         self.encode_alone = text_cache.cache_text_embeddings(cfg, True) and plan.sharding == "ddp"
+        # the text cache's key names the encoders' weights as loaded (torchao's quantized tensors have no sum)
+        self.encoders_fingerprint = weights_fingerprint(*self.text_encoders) if self.encode_alone or \
+            text_cache.cache_text_embeddings(cfg, True) else ""
         for name, te in zip(model.text_encoder_names, self.text_encoders):
-            te.to(device if not self.encode_alone else None,
-                  dtype=torch.float32 if plan.precision == "fp16" and name == model.t5_name else base_dtype)
+            dtype = torch.float32 if plan.precision == "fp16" and name == model.t5_name else base_dtype
+            te.to(dtype=dtype)
+            # model.text_encoder_weights: quantized in CPU memory, before the GPU sees them (base_weights.py)
+            store_text_encoder(te, cfg.model.text_encoder_weights, dtype)
+            te.to(device if not self.encode_alone else None)
         if cfg.method == "full":
             self.transformer.requires_grad_(True)  # fp32 (frozen_dtype); FSDP shards it when it does not fit
         else:
@@ -252,7 +260,8 @@ class FlowTransformerTrainer:
         key = {"family": self.name, "path": cfg.model.path, "revision": cfg.model.revision,
                "encoders": [te.config.to_dict() for te in self.text_encoders],
                "max_length": model.max_sequence_length(), "dtype": [str(te.dtype) for te in self.text_encoders],
-               "weights": weights_fingerprint(*self.text_encoders)}
+               "stored": cfg.model.text_encoder_weights,
+               "weights": self.encoders_fingerprint}
         folder = ctx.cache_dir / "text" / text_cache.text_cache_key(key, captions)
 
         with contextlib.ExitStack() as encoding:

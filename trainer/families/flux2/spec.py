@@ -26,6 +26,7 @@ FLUX2 = FamilySpec(
     demo_assets={"tiny-flux2": "trainer.families.flux2.demo:ensure_tiny_flux2"},
     section="flow",
     section_title=FLOW_SECTION_TITLE,
+    quantizes_text_encoders=True,  # model.text_encoder_weights (trainer.families.flow.trainer)
     xformers=False,  # diffusers' attention processors on SDPA; xformers is wired for the UNets
 )
 
@@ -50,5 +51,6 @@ FLUX2_KLEIN = FamilySpec(
     demo_assets={"tiny-flux2-klein": "trainer.families.flux2.demo:ensure_tiny_flux2_klein"},
     section="flow",
     section_title=FLOW_SECTION_TITLE,
+    quantizes_text_encoders=True,  # model.text_encoder_weights (trainer.families.flow.trainer)
     xformers=False,  # diffusers' attention processors on SDPA; xformers is wired for the UNets
 )

@@ -26,5 +26,6 @@ FLUX_KONTEXT = FamilySpec(
                  "demo-edit-control": "trainer.families.components.edit_pairs:ensure_demo_edit"},
     section="flow",
     section_title=FLOW_SECTION_TITLE,
+    quantizes_text_encoders=True,  # model.text_encoder_weights (trainer.families.flow.trainer)
     xformers=False,  # diffusers' attention processors on SDPA; xformers is wired for the UNets
 )

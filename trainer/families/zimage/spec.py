@@ -23,5 +23,6 @@ ZIMAGE = FamilySpec(
     demo_assets={"tiny-zimage": "trainer.families.zimage.demo:ensure_tiny_zimage"},
     section="flow",
     section_title=FLOW_SECTION_TITLE,
+    quantizes_text_encoders=True,  # model.text_encoder_weights (trainer.families.flow.trainer)
     xformers=False,  # diffusers' attention processors on SDPA; xformers is wired for the UNets
 )
