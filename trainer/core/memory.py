@@ -48,6 +48,19 @@ class ModelSizes:
     """LoRA parameters per unit of lora.rank on the family's default layers."""
     caches_text: bool = True
     """The family's default for data.cache_text_embeddings."""
+    text_tokens: int = 0
+    """The text cache's tokens per caption by default (the pipeline's max_sequence_length; flow.max_sequence_length
+    overrides); 0: no text cache figure in the plan (trainer.core.cache_plan)."""
+    text_floats: tuple[int, int] = (0, 0)
+    """(float32 values per token, per caption besides) of one cached caption: FLUX.1's T5 4096 a token, CLIP's
+    pooled 768."""
+    negative_text: str | None = None
+    """What its sampling also encodes for a prompt: the negative prompt, this text when there is none; None: none."""
+    takes_negative: bool = True
+    """False: `negative_text` is always encoded, whatever sample.negative_prompt says (FLUX.2 klein's "")."""
+    latent_channels: int = 16
+    """Channels of the VAE's latents (the latent cache's rows), at 1/`latent_factor` of the pixels a side."""
+    latent_factor: int = 8
 
     @property
     def denoiser(self) -> int:
@@ -68,11 +81,14 @@ class ModelSizes:
         return max(sizes[len(sizes) - n:]) if n > 0 else 0
 
 
-def flow_sizes(blocks: tuple[tuple[int, int], ...], other: int, width: int, text_encoders: int, vae: int) -> ModelSizes:
-    """A flow transformer's sizes with activations and LoRA scaled from FLUX.1's measurement by blocks x width."""
+def flow_sizes(blocks: tuple[tuple[int, int], ...], other: int, width: int, text_encoders: int, vae: int,
+               **cached) -> ModelSizes:
+    """A flow transformer's sizes with activations and LoRA scaled from FLUX.1's measurement by blocks x width;
+    `cached`: the caches' layout (text_tokens, text_floats, negative_text, latent_channels...)."""
     count = sum(c for c, _ in blocks)
     scale = count * width / (57 * 3072)  # FLUX.1: 57 blocks of width 3072
-    return ModelSizes(blocks, other, text_encoders, vae, (2.75 * scale, 33.25 * scale), 65.4e6 / 16 * scale)
+    return ModelSizes(blocks, other, text_encoders, vae, (2.75 * scale, 33.25 * scale), 65.4e6 / 16 * scale,
+                      **cached)
 
 
 @dataclass(frozen=True)
