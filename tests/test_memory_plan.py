@@ -99,3 +99,14 @@ def test_without_a_gpu_or_a_named_card_there_is_no_estimate():
     plan = make_plan(_flux("model.block_swap=auto"), CPU_ONLY)
     assert plan.memory == "" and plan.block_swap == 0
     assert any("no GPU here to size it for" in note for note in plan.notes)
+
+
+def test_flux_kontext_plans_flux1s_weights_and_activations_scaled_by_its_doubled_image_sequence():
+    kontext = spec_of("flux_kontext").sizes
+    assert kontext.denoiser == FLUX.denoiser  # FLUX.1's architecture, counted
+    common = dict(gpu_gib=24, method="lora", precision="bf16", base_weights="fp8", swapped=0, checkpointing=True,
+                  rank=16, optimizer_bytes=8, resolution=1024, per_device=1, text_cached=True)
+    ours, flux = estimate(kontext, **common), estimate(FLUX, **common)
+    assert _parts(ours)["weights"] == _parts(flux)["weights"]
+    # 512 text + 2 x 4096 image tokens at 1024 px (the control's follow the target's) against 512 + 4096
+    assert _parts(ours)["activations"] == pytest.approx(_parts(flux)["activations"] * (512 + 8192) / (512 + 4096))
