@@ -56,3 +56,28 @@ def test_text_encoder_weights_are_refused_where_the_family_keeps_its_encoders_un
     config = load_config(None, ["model.family=qwenimage", "model.text_encoder_weights=nf4", "model.path=x",
                                 "data.path=y"], check_paths=False)
     assert config.model.text_encoder_weights == "nf4"
+
+
+def test_encoding_on_the_cpu_takes_the_encoders_out_of_the_gpu_plan_and_needs_the_text_cache(monkeypatch):
+    """`model.text_encoder_device: cpu` (FLUX.2 dev on 12 GB: its Mistral fits no such card, even in NF4): the plan
+    counts no encoder on the GPU, and the same preset encoding on the GPU finds nothing that fits. (On this CPU
+    machine the run's device is the CPU, so the trainer's path is the one every CPU test takes.)"""
+    from pathlib import Path
+
+    from trainer.core.hardware import CPU_ONLY
+    from trainer.core.plan import make_plan
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # a plan reads no model file
+    preset = Path(__file__).resolve().parents[1] / "presets" / "flux2-dev-lora-12gb.yaml"
+    plan = make_plan(load_config(preset, ["data.path=x"], check_paths=False), CPU_ONLY)
+    assert "of 12 GB" in plan.memory and "while the text cache is built" not in plan.memory
+    with pytest.raises(ConfigError, match=r"with all 56 blocks swapped the estimate still peaks at [\d.]+ GB while "
+                                          r"the text cache is built.*model.text_encoder_device=cpu"):
+        make_plan(load_config(preset, ["data.path=x", "model.text_encoder_device=auto",
+                                       "model.text_encoder_weights=nf4"], check_paths=False), CPU_ONLY)
+    with pytest.raises(ConfigError, match="model.text_encoder_device: cpu encodes the captions once, into the text "
+                                          "cache, which this run turns off"):
+        load_config(preset, ["data.path=x", "data.cache_text_embeddings=false"], check_paths=False)
+    with pytest.raises(ConfigError, match="model.text_encoder_device: cpu is for the flow-matching families"):
+        load_config(None, ["model.family=sdxl", "model.text_encoder_device=cpu", "model.path=x", "data.path=y"],
+                    check_paths=False)

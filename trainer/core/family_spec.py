@@ -100,8 +100,8 @@ class FamilySpec:
     """What `model.path` names for this family when it is not a diffusers model, appended to that key's help
     (detection: its architectures); empty: nothing to add."""
     quantizes_text_encoders: bool = False
-    """Its trainer stores the frozen text encoders as `model.text_encoder_weights` says; False: other values are
-    refused (their encoders are loaded unquantized)."""
+    """Its trainer stores the frozen text encoders as `model.text_encoder_weights` says and encodes where
+    `model.text_encoder_device` says; False: other values are refused."""
     sizes: ModelSizes | None = None
     """Its base model's published sizes, for the plan's memory estimate (trainer.core.memory); None: no estimate."""
     sizes_variants: dict[str, ModelSizes] = field(default_factory=dict)
@@ -142,6 +142,15 @@ class FamilySpec:
             problems.append(f"data.control_path: {self.name} takes no control image (its model generates from the "
                             "caption alone); paired instruction-edit training is for the families that do "
                             "(flux_kontext): set model.family to one of them, or leave data.control_path empty")
+        if config.model.text_encoder_device == "cpu" and not self.quantizes_text_encoders:
+            problems.append(f"model.text_encoder_device: cpu is for the flow-matching families; {self.name} encodes "
+                            "on the run's device: set model.text_encoder_device=auto")
+        elif config.model.text_encoder_device == "cpu" and (config.data.cache_text_embeddings is False
+                                                            or config.data.shuffle_tags):
+            problems.append("model.text_encoder_device: cpu encodes the captions once, into the text cache, which "
+                            "this run turns off (data.cache_text_embeddings: false or data.shuffle_tags): set "
+                            "data.cache_text_embeddings=true and data.shuffle_tags=false, or "
+                            "model.text_encoder_device=auto")
         if config.model.text_encoder_weights != "bf16" and not self.quantizes_text_encoders:
             problems.append(f"model.text_encoder_weights: {config.model.text_encoder_weights} is for the "
                             f"flow-matching families; {self.name} keeps its text encoders unquantized (they are "

@@ -136,11 +136,11 @@ class MemoryPlan:
 def estimate(sizes: ModelSizes, *, gpu_gib: float, method: str, precision: str, base_weights: str, swapped: int,
              checkpointing: bool, rank: int, optimizer_bytes: float, resolution: int, per_device: int,
              text_cached: bool, shards: int = 1, encode_alone: bool = False,
-             encoder_weights: str = "bf16") -> MemoryPlan:
+             encoder_weights: str = "bf16", encoders_on_gpu: bool = True) -> MemoryPlan:
     """The peak of one GPU's step. `optimizer_bytes`: per trained parameter (trainer.core.model_size);
     `shards`: the processes FSDP shards a full fine-tune across; `encode_alone`: the text encoders fill their cache
     while the denoiser waits in CPU memory; `encoder_weights`: model.text_encoder_weights (bf16: the plan's
-    precision)."""
+    precision); `encoders_on_gpu` False: model.text_encoder_device cpu, they never reach the GPU."""
     act_bytes = BYTES["bf16"] if precision in ("bf16", "fp16") else BYTES["fp32"]
     if method == "full":
         base, weight_bytes = "fp32", BYTES["fp32"]
@@ -161,7 +161,7 @@ def estimate(sizes: ModelSizes, *, gpu_gib: float, method: str, precision: str, 
     activations = sizes.activation_gib[0 if checkpointing else 1] * per_device * (resolution / 1024) ** 2
     parts.append(("activations", activations * act_bytes / 2))
     encoder_bytes = act_bytes if encoder_weights == "bf16" else BYTES[encoder_weights]
-    encoders, vae = sizes.text_encoders * encoder_bytes / GIB, sizes.vae * act_bytes / GIB
+    encoders, vae = sizes.text_encoders * encoder_bytes / GIB * encoders_on_gpu, sizes.vae * act_bytes / GIB
     parts.append(("VAE", vae))
     if not text_cached:
         parts.append(("text encoders", encoders))

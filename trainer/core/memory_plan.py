@@ -43,6 +43,8 @@ def plan_memory(config: Config, hw: Hardware, device: str, gpu_ids: tuple[int, .
     if device != "cuda":
         precision = config.precision if config.precision != "auto" else "bf16"
 
+    on_gpu = config.model.text_encoder_device != "cpu"
+
     def at(swapped: int, base_weights: str = config.model.base_weights,
            encoder_weights: str = config.model.text_encoder_weights) -> MemoryPlan:
         return estimate(sizes, gpu_gib=gpu, method=config.method, precision=precision, base_weights=base_weights,
@@ -51,8 +53,8 @@ def plan_memory(config: Config, hw: Hardware, device: str, gpu_ids: tuple[int, .
                         resolution=config.data.resolution, per_device=per_device,
                         text_cached=text_cached(config, sizes.caches_text),
                         shards=world if sharding in ("fsdp", "deepspeed") else 1,
-                        encode_alone=bool(sizes.blocks) and sharding == "ddp",
-                        encoder_weights=encoder_weights)
+                        encode_alone=bool(sizes.blocks) and sharding == "ddp" and on_gpu,
+                        encoder_weights=encoder_weights, encoders_on_gpu=on_gpu)
 
     if swap == "auto":
         chosen = fewest_swapped(lambda n: at(n).fits, sizes.block_count)
@@ -84,6 +86,8 @@ def _nothing_fits(config: Config, plan: MemoryPlan, at) -> str:
     if plan.load_gib > plan.step_gib and config.model.text_encoder_weights != "nf4":
         other = at(plan.blocks, config.model.base_weights, "nf4")
         options.append(f"model.text_encoder_weights=nf4 (~{other.peak_gib:.1f} GB{' fits' if other.fits else ''})")
+    if plan.load_gib > plan.step_gib:
+        options.append("model.text_encoder_device=cpu (the encoders never on the GPU; slow, once)")
     where = ("while the text cache is built (the text encoders on the GPU)"
              if plan.load_gib > plan.step_gib else "in the step")
     parts = ", ".join(f"{what} {gib:.1f}" for what, gib in plan.parts)

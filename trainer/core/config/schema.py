@@ -72,6 +72,16 @@ class ModelConfig:
         "the plan counts the encoders' load peak in this storage. The flow-matching families only.",
         choices=("bf16", "fp8", "nf4", "int8"),
     )
+    text_encoder_device: str = key(
+        "auto",
+        "Where the frozen text encoders encode the captions into the text cache: `auto`, the run's device (the GPU); "
+        "`cpu`, in CPU memory, for an encoder that does not fit the card even quantized (FLUX.2 dev's Mistral Small "
+        "3 on a 12 GB card): slow (minutes per hundred captions for a 24B encoder), once, and needs the text cache "
+        "(data.cache_text_embeddings not false, no data.shuffle_tags); the GPU never holds the encoders. With "
+        "model.text_encoder_weights int8 the CPU keeps them in a quarter of the memory of fp32 and multiplies with "
+        "its int8 kernels. The flow-matching families only.",
+        choices=("auto", "cpu"),
+    )
     fp8_compute: str = key(
         "off",
         "With model.base_weights=fp8: whether the frozen Linear layers also multiply in fp8 (kohya/musubi's "

@@ -64,7 +64,7 @@ class ZImageFamily(FlowFamily):
         """The pipeline's embedding (its real tokens only), padded back to `max_sequence_length` with a mask, so
         that captions stack in the text cache."""
         length = self.max_sequence_length()
-        (embeds,), _ = self.flow.pipe.encode_prompt(caption, device=self.ctx.device, do_classifier_free_guidance=False,
+        (embeds,), _ = self.flow.pipe.encode_prompt(caption, device=self.flow.text_device, do_classifier_free_guidance=False,
                                                      max_sequence_length=length)
         padded = embeds.new_zeros(1, length, embeds.shape[-1], dtype=torch.float32)
         padded[0, :embeds.shape[0]] = embeds.float()
