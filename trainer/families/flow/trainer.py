@@ -133,6 +133,7 @@ class FlowTransformerTrainer:
         self.encode_alone = False  # the text encoders reach the GPU only to fill the text cache
         self.encoders_fingerprint = ""  # of the text encoders' weights as loaded, for the text cache's key
         self.text_device: torch.device | None = None  # where the text encoders encode (model.text_encoder_device)
+        self.text_dtype = torch.float32  # the first encoder's compute dtype (an fp8-stored one reports float8)
 
     # ---- models -------------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -170,6 +171,8 @@ class FlowTransformerTrainer:
         for name, te in zip(model.text_encoder_names, self.text_encoders):
             dtype = torch.float32 if plan.precision == "fp16" and name == model.t5_name else base_dtype
             te.to(dtype=dtype)
+            if te is self.text_encoders[0]:
+                self.text_dtype = dtype
             # model.text_encoder_weights: quantized in CPU memory, before the GPU sees them (base_weights.py)
             store_text_encoder(te, cfg.model.text_encoder_weights, dtype)
             te.to(self.text_device if not self.encode_alone else None)
@@ -275,7 +278,7 @@ class FlowTransformerTrainer:
                 if alone[0]:
                     alone[0] = False
                     encoding.enter_context(parked(self.transformer, ctx.device, self.swapped))
-                    text_cache.onload(self.text_device, *self.text_encoders)
+                    text_cache.onload(self.text_device or ctx.device, *self.text_encoders)
                 rows = [model.encode_caption(caption) for caption in batch]
                 return {k: torch.cat([row[k] for row in rows]) for k in rows[0]}
 
@@ -301,7 +304,7 @@ class FlowTransformerTrainer:
     def cached(self, caption: str) -> dict[str, torch.Tensor]:
         """One caption's cached embeddings as the pipeline's own encoding would have produced them."""
         assert self.text_cache is not None, "only called when every prompt is in the cache"
-        dtype = self.text_encoders[0].dtype
+        dtype = self.text_dtype
         return {k: on_device(v[None], self.ctx.device, dtype) for k, v in self.text_cache.get(caption).items()}
 
     # ---- loss ---------------------------------------------------------------------------------------------

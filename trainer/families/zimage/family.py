@@ -94,7 +94,7 @@ class ZImageFamily(FlowFamily):
         return {"max_sequence_length": self.max_sequence_length(), "negative_prompt": negative_prompt or None}
 
     def embedded_prompt_kwargs(self, prompt: str, negative_prompt: str) -> dict:
-        device, dtype = self.ctx.device, self.flow.text_encoders[0].dtype
+        device, dtype = self.ctx.device, self.flow.text_dtype
         text, negative = self.flow.cached(prompt), self.flow.cached(negative_prompt or "")
         return {"prompt_embeds": self._caption_list(text, device, dtype),
                 "negative_prompt_embeds": self._caption_list(negative, device, dtype)}
