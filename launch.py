@@ -166,12 +166,18 @@ def run_headless(args) -> int:
     from dataclasses import replace
 
     from trainer.core.config import load_config, to_yaml
-    from trainer.core.launcher import plan_for
+    from trainer.core.launcher import check_data, plan_for
 
     overrides, cluster = slurm_overrides(args.overrides)
     config = load_config(find_preset(args.preset), overrides)
     if args.dry_run:
         plan = replace(plan_for(config), cluster=cluster)
+        # The dataset's buckets and the caches' figures, from a scan of its files (nothing is written; a demo://
+        # dataset is not built for a dry run, so it has none)
+        folders = [config.data.path, *(entry.path for entry in config.data.datasets or ())]
+        if not any(str(folder).startswith("demo://") for folder in folders):
+            scan = check_data(config)
+            plan = plan.with_buckets(config, scan).with_held_out(scan).with_caches(config, scan)
         print(to_yaml(config), end="")
         print_plan(plan)
         return 0
@@ -371,6 +377,8 @@ def print_plan(plan) -> None:
     print(f"plan: {plan.line()}")
     if plan.memory:
         print(f"memory: {plan.memory}")
+    if plan.caches:
+        print(f"caches: {plan.caches}")
     for note in plan.notes:
         print(f"note: {note}")
     sys.stdout.flush()

@@ -8,7 +8,7 @@ models (CPU):
 yellow circles), the only one of the three whose loss means something; `flux` and `sdxl` are the tests' random
 tiny models on generated circles and squares. Each model trains one LoRA per storage of its frozen network,
 from the same initial adapter on the same batches with the same noise (the engine's draws are a function of the
-step), under bf16 autocast as a bf16 run does: `bf16` (model.base_weights=default), `fp8 storage`
+step), under bf16 autocast as a bf16 run does: `bf16` (model.base_weights=bf16), `fp8 storage`
 (base_weights=fp8, fp8_compute=off: diffusers' layerwise casting, each layer upcast to bf16), `fp8 compute`
 (fp8_compute=on: e4m3 weights and activations multiplied by torch._scaled_mm,
 trainer.families.components.fp8_linear), `int8` (base_weights=int8: torchao's weight-only int8, a scale per

@@ -259,8 +259,8 @@ def store_base_weights(net, spec: dict, device) -> None:
 
     from trainer.families.components.base_weights import place_frozen_network
 
-    storage = spec.get("base_weights", "default")
-    if storage != "default":
+    storage = spec.get("base_weights", "bf16")
+    if storage != "bf16":
         place_frozen_network(net, "fp8" if storage == "fp8-compute" else storage, device, torch.bfloat16,
                              fp8_compute=storage == "fp8-compute")
 
@@ -744,7 +744,7 @@ def main(argv=None) -> int:
                    help="timed steps per configuration (default SDXL 10, FLUX 8; dry run 1)")
     p.add_argument("--warmup", type=int, default=None, help="warm-up steps per configuration (default 2; dry run 1)")
     p.add_argument("--lora-rank", type=int, default=16)
-    p.add_argument("--base-weights", choices=("default", "fp8", "fp8-compute", "nf4"), default="default",
+    p.add_argument("--base-weights", choices=("bf16", "fp8", "fp8-compute", "nf4"), default="bf16",
                    help="how the frozen network is stored, as model.base_weights (fp8: diffusers' layerwise casting; "
                         "fp8-compute: fp8 with model.fp8_compute on, the Linear layers multiplied by "
                         "torch._scaled_mm, needs compute capability 8.9+; nf4: torchao's NF4Tensor); one storage "

@@ -163,6 +163,16 @@ def test_nf4_base_weights_are_for_lora_only():
     assert config.model.base_weights == "nf4"  # the backward keeps the 4-bit weight: no checkpointing needed
 
 
+def test_bf16_is_the_unquantized_mode_and_default_its_old_name():
+    """`bf16` stores the frozen network unquantized in the plan's precision (fp32 on this CPU); `default`, the name
+    before, is read as bf16, so a preset or a run folder written with it loads (and resumes) unchanged."""
+    assert load_config(None, [], check_paths=False).model.base_weights == "bf16"
+    assert load_config({"model": {"base_weights": "default"}}, check_paths=False).model.base_weights == "bf16"
+    assert load_config(None, ["model.base_weights=default"], check_paths=False).model.base_weights == "bf16"
+    with pytest.raises(ConfigError, match=r"model.base_weights: 'fp16' is not one of bf16, fp8, nf4, int8"):
+        load_config(None, ["model.base_weights=fp16"], check_paths=False)
+
+
 def test_a_cpu_plan_takes_every_base_weight_mode():
     """Every mode has a CPU path (tests/test_base_weights_families.py trains each on every diffusion family's demo),
     so neither the config's checks nor the plan refuse one on the CPU (bf16 here: fp32, the CPU's default, is what

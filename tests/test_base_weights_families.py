@@ -23,7 +23,7 @@ from trainer.families.protocol import WorkerContext
 
 PRESETS = Path(__file__).resolve().parents[1] / "presets"
 FAMILIES = [name for name, spec in SPECS.items() if spec.demo_preset and spec.section != "detection"]
-MODES = ["fp8", "int8", "nf4"]  # `default` is every other test's storage
+MODES = ["fp8", "int8", "nf4"]  # `bf16` (unquantized) is every other test's storage
 # The smallest run a demo preset makes: one image a step at 32 px (a multiple of every family's bucket side), no
 # samples; fp8 needs checkpointing (the config's rule), which every family has.
 SMALL = ["devices=cpu:1", "batch.total=1", "batch.per_device=1", "data.resolution=32", "sample.prompts=[]",

@@ -136,6 +136,15 @@ def test_an_ai_toolkit_flux_job_imports_to_a_preset_that_passes_dry_run(tmp_path
     assert "noise_scheduler" not in printed  # the family's own objective: nothing lost, not listed
 
 
+def test_ai_toolkits_quantize_maps_to_base_weights_fp8_and_its_absence_to_unquantized_bf16(tmp_path):
+    from trainer.core.importers.ai_toolkit import read_ai_toolkit
+
+    text = (FIXTURES / "ai_toolkit_flux_lora.yaml").read_text()
+    for quantize, base in (("true", "fp8"), ("false", "bf16")):
+        (tmp_path / "job.yaml").write_text(text.replace("quantize: true", f"quantize: {quantize}"))
+        assert read_ai_toolkit(tmp_path / "job.yaml").get("model.base_weights") == base
+
+
 def test_what_cannot_be_imported_is_one_clear_error_and_exit_2(tmp_path):
     (tmp_path / "broken.json").write_text("{not json")
     (tmp_path / "wan.yaml").write_text("job: extension\nconfig:\n  process:\n    - model: {arch: 'wan21:1b'}\n")

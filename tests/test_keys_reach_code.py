@@ -155,6 +155,8 @@ ROWS: dict[str, Seen | Shown] = {
     "model.variant": Shown("test_keys_reach_code.py::test_hub_keys_reach_from_pretrained"),
     "model.base_weights": Shown("test_base_weights.py::test_fp8_base_weights_store_the_network_in_float8_and_the_lora_still_learns"),
     "model.fp8_compute": Seen("model.fp8_compute=auto", "plan"),
+    "model.text_encoder_device": Shown("test_text_encoder_weights.py::test_encoding_on_the_cpu_takes_the_encoders_out_of_the_gpu_plan_and_needs_the_text_cache"),
+    "model.text_encoder_weights": Shown("test_text_encoder_weights.py::test_quantized_text_encoders_give_nearly_the_same_embeddings_and_the_lora_trains_on_them"),
     "hardware.gpu_memory_gb": Shown("test_memory_plan.py::test_auto_swaps_the_fewest_blocks_that_fit_the_card_the_preset_names"),
     "model.block_swap": Shown("test_block_swap.py::test_swapped_blocks_train_exactly_as_resident_ones_and_are_copied_for_forward_and_recompute"),
     "model.zero_terminal_snr": Seen("model.zero_terminal_snr=true", "loss"),

@@ -30,7 +30,7 @@ def test_weights_are_parameter_counts_times_dtype_bytes():
     assert FLUX.denoiser == 11_901_408_320 == BLOCKS + 64_124_992
     common = dict(gpu_gib=24, method="lora", precision="bf16", checkpointing=True, rank=16, optimizer_bytes=8,
                   resolution=1024, per_device=1, text_cached=False)
-    bf16 = estimate(FLUX, base_weights="default", swapped=0, **common)
+    bf16 = estimate(FLUX, base_weights="bf16", swapped=0, **common)
     assert _parts(bf16)["weights"] == 11_901_408_320 * 2 / GIB
     assert _parts(bf16)["text encoders"] == (123_060_480 + 4_762_310_656) * 2 / GIB  # CLIP-L + T5-XXL
     assert _parts(bf16)["LoRA + optimizer"] == 65.4e6 * (4 + 4 + 8) / GIB  # fp32 weight, gradient, AdamW's two
@@ -39,12 +39,36 @@ def test_weights_are_parameter_counts_times_dtype_bytes():
     assert fp8.line().startswith("peak ~") and "fp8 base, 12 of 57 blocks swapped, checkpointing" in fp8.line()
 
 
+def test_a_full_fine_tunes_swapped_blocks_hold_their_weights_gradients_and_optimizer_state_in_cpu_memory():
+    common = dict(gpu_gib=80, method="full", precision="bf16", base_weights="bf16", checkpointing=True, rank=16,
+                  optimizer_bytes=8, resolution=1024, per_device=1, text_cached=True)
+    resident, swapped = estimate(FLUX, swapped=0, **common), estimate(FLUX, swapped=12, **common)
+    held = 12 * 141_591_808  # the last 12 single blocks: fp32 weight + gradient (8 bytes) + AdamW's two (8)
+    assert _parts(swapped)["weights, gradients, optimizer"] == (11_901_408_320 - held) * 16 / GIB
+    assert _parts(resident)["weights, gradients, optimizer"] == 11_901_408_320 * 16 / GIB
+    assert _parts(swapped)["swapped blocks in flight"] == 141_591_808 * 3 * 4 / GIB  # 2 copies + 1 gradient, fp32
+    assert swapped.cpu_gib == held * 16 / GIB and resident.cpu_gib == 0
+    assert f"the swapped blocks hold {held * 16 / GIB:.1f} in CPU memory" in swapped.line()
+    lora = estimate(FLUX, swapped=12, **{**common, "method": "lora"})
+    assert lora.cpu_gib == held * 2 / GIB  # LoRA: only the frozen bf16 weights
+
+
+def test_the_text_encoders_load_peak_is_counted_in_their_stored_dtype():
+    common = dict(gpu_gib=24, method="lora", precision="bf16", base_weights="fp8", swapped=0, checkpointing=True,
+                  rank=16, optimizer_bytes=8, resolution=1024, per_device=1, text_cached=True, encode_alone=True)
+    encoders, vae = 123_060_480 + 4_762_310_656, 83_819_683  # CLIP-L + T5-XXL; FLUX.1's VAE (trainer.families.sizes)
+    assert FLUX.vae == vae
+    for mode, per_weight in (("bf16", 2), ("fp8", 1), ("int8", 1), ("nf4", 0.52)):
+        plan = estimate(FLUX, encoder_weights=mode, **common)
+        assert plan.load_gib == (encoders * per_weight + vae * 2) / GIB  # alone on the GPU (the denoiser parked)
+
+
 def test_activations_reproduce_the_flux_measurement_they_are_calibrated_on():
     """bench/gpu_large.md (H200, FLUX.1-dev LoRA rank 16, 1024 px, caches on): 26,340 MB peak at batch 1 with
     checkpointing, 57,836 without; the estimate of the step (without the VAE, which that benchmark left out) lands
     within 3% of both."""
     for checkpointing, measured_mib in ((True, 26_340), (False, 57_836)):
-        plan = estimate(FLUX, gpu_gib=141, method="lora", precision="bf16", base_weights="default", swapped=0,
+        plan = estimate(FLUX, gpu_gib=141, method="lora", precision="bf16", base_weights="bf16", swapped=0,
                         checkpointing=checkpointing, rank=16, optimizer_bytes=8, resolution=1024, per_device=1,
                         text_cached=True)
         step = plan.step_gib - _parts(plan)["VAE"]
@@ -75,3 +99,14 @@ def test_without_a_gpu_or_a_named_card_there_is_no_estimate():
     plan = make_plan(_flux("model.block_swap=auto"), CPU_ONLY)
     assert plan.memory == "" and plan.block_swap == 0
     assert any("no GPU here to size it for" in note for note in plan.notes)
+
+
+def test_flux_kontext_plans_flux1s_weights_and_activations_scaled_by_its_doubled_image_sequence():
+    kontext = spec_of("flux_kontext").sizes
+    assert kontext.denoiser == FLUX.denoiser  # FLUX.1's architecture, counted
+    common = dict(gpu_gib=24, method="lora", precision="bf16", base_weights="fp8", swapped=0, checkpointing=True,
+                  rank=16, optimizer_bytes=8, resolution=1024, per_device=1, text_cached=True)
+    ours, flux = estimate(kontext, **common), estimate(FLUX, **common)
+    assert _parts(ours)["weights"] == _parts(flux)["weights"]
+    # 512 text + 2 x 4096 image tokens at 1024 px (the control's follow the target's) against 512 + 4096
+    assert _parts(ours)["activations"] == pytest.approx(_parts(flux)["activations"] * (512 + 8192) / (512 + 4096))

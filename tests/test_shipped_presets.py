@@ -84,6 +84,8 @@ def test_every_preset_passes_dry_run(preset, tmp_path, monkeypatch, capsys):
     if not raw["data"]["path"].startswith(DEMO_SCHEME) and SPECS[raw["model"]["family"]].sizes:
         # a GPU preset names its card (hardware.gpu_memory_gb), and its plan estimates the memory for it here
         assert "memory: peak ~" in out.out and f" GB of {raw['hardware']['gpu_memory_gb']:g} GB: " in out.out
+        if raw.get("method", "lora") == "lora":  # (a full fine-tune's FSDP preset plans for several GPUs)
+            assert "expect out-of-memory" not in out.out  # it plans under its card's memory, auto choices included
         # a header quoting the plan's estimate quotes today's
         quoted = re.search(r"^# The plan's memory estimate \(.*?\): (peak ~.*?)\.$", preset.read_text(), re.M)
         assert quoted is None or f"memory: {quoted.group(1)} (" in out.out, quoted

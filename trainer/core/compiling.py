@@ -20,7 +20,7 @@ def compile_problems(config: Config) -> list[str]:
                 "layer's float8 weights in hooks that torch.compile cannot trace (it breaks the graph at every layer "
                 "and runs out of recompiles), and the recomputation of gradient checkpointing, which fp8 needs, then "
                 "sees float8 where the forward pass saved the upcast weights and fails. Set train.compile=false, or "
-                "model.base_weights=nf4 (torchao's NF4 compiles) or default."]
+                "model.base_weights=nf4 (torchao's NF4 compiles) or bf16."]
     return []
 
 

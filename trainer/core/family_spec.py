@@ -99,6 +99,9 @@ class FamilySpec:
     path_help: str = ""
     """What `model.path` names for this family when it is not a diffusers model, appended to that key's help
     (detection: its architectures); empty: nothing to add."""
+    quantizes_text_encoders: bool = False
+    """Its trainer stores the frozen text encoders as `model.text_encoder_weights` says and encodes where
+    `model.text_encoder_device` says; False: other values are refused."""
     sizes: ModelSizes | None = None
     """Its base model's published sizes, for the plan's memory estimate (trainer.core.memory); None: no estimate."""
     sizes_variants: dict[str, ModelSizes] = field(default_factory=dict)
@@ -141,6 +144,19 @@ class FamilySpec:
             problems.append(f"data.control_path: {self.name} takes no control image (its model generates from the "
                             "caption alone); paired instruction-edit training is for the families that do "
                             f"({edits}): set model.family to one of them, or leave data.control_path empty")
+        if config.model.text_encoder_device == "cpu" and not self.quantizes_text_encoders:
+            problems.append(f"model.text_encoder_device: cpu is for the flow-matching families; {self.name} encodes "
+                            "on the run's device: set model.text_encoder_device=auto")
+        elif config.model.text_encoder_device == "cpu" and (config.data.cache_text_embeddings is False
+                                                            or config.data.shuffle_tags):
+            problems.append("model.text_encoder_device: cpu encodes the captions once, into the text cache, which "
+                            "this run turns off (data.cache_text_embeddings: false or data.shuffle_tags): set "
+                            "data.cache_text_embeddings=true and data.shuffle_tags=false, or "
+                            "model.text_encoder_device=auto")
+        if config.model.text_encoder_weights != "bf16" and not self.quantizes_text_encoders:
+            problems.append(f"model.text_encoder_weights: {config.model.text_encoder_weights} is for the "
+                            f"flow-matching families; {self.name} keeps its text encoders unquantized (they are "
+                            "small beside its network): set model.text_encoder_weights=bf16")
         if self.checks:
             problems += load_object(self.checks)(config, check_paths=check_paths)
         return problems
@@ -153,15 +169,13 @@ class FamilySpec:
         key = f"model.block_swap: {swap}"
         if not self.block_lists:
             return f"{key} is not available for {self.name}: {self.block_swap_note or 'it has no repeated blocks'}"
-        if config.method != "lora":
-            return (f"{key} is for LoRA (method=lora): a full fine-tune would also have to keep the swapped blocks' "
-                    "gradients and optimizer state in CPU memory and step them there, which is not written; a full "
-                    "fine-tune that does not fit one GPU shards across several (distributed.sharding=fsdp)")
         if not config.train.gradient_checkpointing:
             return (f"{key} needs train.gradient_checkpointing=true: without it the backward keeps every block's "
                     "weights on the GPU and nothing is saved; set it, or model.block_swap=0")
         if config.distributed.sharding in ("fsdp", "deepspeed"):
-            return f"{key} runs under DDP: set distributed.sharding=auto or ddp, or model.block_swap=0"
+            return (f"{key} runs under DDP: FSDP and DeepSpeed split the same weights (and a full fine-tune's "
+                    "optimizer state) across the GPUs their own way, and would gather the CPU-held blocks back; "
+                    "set distributed.sharding=ddp (one GPU, or each GPU swapping), or model.block_swap=0")
         if config.model.fp8_compute != "off" and config.model.base_weights == "fp8":
             return (f"{key} copies the stored weights; the fp8 matmul's scaled layers are not written for that yet: "
                     "set model.fp8_compute=off (fp8 storage still halves the weights), or model.block_swap=0")

@@ -113,7 +113,7 @@ def prepare_run(config: Config, runs_dir: str | Path, hw: Hardware | None = None
     plan = replace(plan_for(config, hw), cluster=cluster)  # cluster: where distributed.* came from (SLURM)
     config = resolve_paths(config, runs_dir)
     scan = check_data(config)
-    plan = plan.with_buckets(config, scan).with_held_out(scan)
+    plan = plan.with_buckets(config, scan).with_held_out(scan).with_caches(config, scan)
     run_dir = create_run_dir(runs_dir, config.name)
     folder = RunFolder(run_dir)
     try:

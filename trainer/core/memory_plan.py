@@ -43,14 +43,18 @@ def plan_memory(config: Config, hw: Hardware, device: str, gpu_ids: tuple[int, .
     if device != "cuda":
         precision = config.precision if config.precision != "auto" else "bf16"
 
-    def at(swapped: int, base_weights: str = config.model.base_weights) -> MemoryPlan:
+    on_gpu = config.model.text_encoder_device != "cpu"
+
+    def at(swapped: int, base_weights: str = config.model.base_weights,
+           encoder_weights: str = config.model.text_encoder_weights) -> MemoryPlan:
         return estimate(sizes, gpu_gib=gpu, method=config.method, precision=precision, base_weights=base_weights,
                         swapped=swapped, checkpointing=config.train.gradient_checkpointing, rank=config.lora.rank,
                         optimizer_bytes=OPTIMIZER_STATE_BYTES.get(config.train.optimizer, 8),
                         resolution=config.data.resolution, per_device=per_device,
                         text_cached=text_cached(config, sizes.caches_text),
                         shards=world if sharding in ("fsdp", "deepspeed") else 1,
-                        encode_alone=bool(sizes.blocks) and sharding == "ddp")
+                        encode_alone=bool(sizes.blocks) and sharding == "ddp" and on_gpu,
+                        encoder_weights=encoder_weights, encoders_on_gpu=on_gpu)
 
     if swap == "auto":
         chosen = fewest_swapped(lambda n: at(n).fits, sizes.block_count)
@@ -62,7 +66,9 @@ def plan_memory(config: Config, hw: Hardware, device: str, gpu_ids: tuple[int, .
     plan = at(min(swap, sizes.block_count))
     if not plan.fits:
         fix = ""
-        if sizes.block_count and config.method == "lora" and config.train.gradient_checkpointing:
+        # a full fine-tune is offered swapped blocks when it asked for DDP (auto shards one across GPUs with FSDP)
+        if sizes.block_count and config.train.gradient_checkpointing and sharding == "ddp" and \
+                (config.method == "lora" or config.distributed.sharding == "ddp"):
             fewest = fewest_swapped(lambda n: at(n).fits, sizes.block_count)
             fix = f" (model.block_swap: auto would swap {fewest})" if fewest is not None else ""
         notes.append(f"memory: the estimate, {plan.peak_gib:.1f} GB, is more than this {gpu:g} GB GPU less "
@@ -72,11 +78,16 @@ def plan_memory(config: Config, hw: Hardware, device: str, gpu_ids: tuple[int, .
 
 def _nothing_fits(config: Config, plan: MemoryPlan, at) -> str:
     options = []
-    if config.model.base_weights == "default" or config.model.base_weights == "fp8":
+    if config.model.base_weights == "bf16" or config.model.base_weights == "fp8":
         for base in ("fp8", "nf4"):
             if base != config.model.base_weights:
                 other = at(plan.blocks, base)
                 options.append(f"model.base_weights={base} (~{other.peak_gib:.1f} GB{' fits' if other.fits else ''})")
+    if plan.load_gib > plan.step_gib and config.model.text_encoder_weights != "nf4":
+        other = at(plan.blocks, config.model.base_weights, "nf4")
+        options.append(f"model.text_encoder_weights=nf4 (~{other.peak_gib:.1f} GB{' fits' if other.fits else ''})")
+    if plan.load_gib > plan.step_gib:
+        options.append("model.text_encoder_device=cpu (the encoders never on the GPU; slow, once)")
     where = ("while the text cache is built (the text encoders on the GPU)"
              if plan.load_gib > plan.step_gib else "in the step")
     parts = ", ".join(f"{what} {gib:.1f}" for what, gib in plan.parts)

@@ -52,6 +52,8 @@ class Plan:
     block_swap: int = 0
     # The memory part's line (trainer.core.memory): the step's estimated peak per GPU; empty without an estimate.
     memory: str = ""
+    # The text and latent caches' disk figures (trainer.core.cache_plan), from the launcher's dataset scan.
+    caches: str = ""
     # Where the multi-node settings came from when a scheduler gave them (trainer.core.slurm), for the plan line.
     cluster: str = ""
 
@@ -143,6 +145,22 @@ class Plan:
                       f"{', '.join(small)}",)
         return replace(self, buckets=buckets, notes=notes)
 
+    def with_caches(self, config: Config, scan) -> "Plan":
+        """This plan with what the text and latent caches will write for the dataset of `scan`."""
+        from dataclasses import replace
+
+        from trainer.core.cache_plan import cache_line
+        from trainer.core.memory_plan import text_cached
+
+        sizes = spec_of(config.model.family).sizes_for(config.model.path)
+        if sizes is None:
+            return self
+        # Planned for a card from the CPU: the precision that card would run (as the memory plan does)
+        precision = self.precision
+        if self.device != "cuda" and config.hardware.gpu_memory_gb:
+            precision = config.precision if config.precision != "auto" else "bf16"
+        return replace(self, caches=cache_line(config, sizes, scan, precision, text_cached(config, sizes.caches_text)))
+
     def with_held_out(self, scan) -> "Plan":
         """This plan counting the images `scan` (trainer.core.data.holdout.training_scan) keeps out of training."""
         from dataclasses import replace
@@ -187,6 +205,8 @@ def choose_sharding(config: Config, hw: Hardware, device: str, world: int,
     if wanted != "auto":
         return wanted, []
     if config.method != "full" or device != "cuda" or not parameters or not hw.gpu_memory_gb:
+        return "ddp", []
+    if config.model.block_swap != 0:  # each GPU holds swapped blocks in CPU memory: the memory plan sizes that
         return "ddp", []
     need_gb = full_finetune_bytes(parameters, config.train.optimizer) / 2**30
     have_gb = min(hw.gpu_memory_gb)

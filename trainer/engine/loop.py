@@ -17,7 +17,7 @@ from trainer.core.events import ProgressEvent, WarningEvent
 from trainer.engine import faults
 from trainer.engine.run import Run, RunFailed
 from trainer.families.components.transfer import tensor_on
-from trainer.families.protocol import Fetches
+from trainer.families.protocol import Fetches, ReducesGradients
 from trainer.core.telemetry import WIDTH, summarize
 from trainer.engine.telemetry import RankClock
 from trainer.engine.run_io import draw_samples, evaluate, save_run_checkpoint
@@ -55,6 +55,8 @@ def fit(run: Run) -> str:
                 acc.backward(run.amp.scale(loss))  # divides by the accumulation; DDP syncs on the last micro-step
             losses.append(loss.detach().float())
         assert acc.sync_gradients, "accumulation out of step with the optimizer"
+        if isinstance(run.family, ReducesGradients):  # the gradients DDP does not average (block_swap.py)
+            run.family.reduce_gradients()
         fault.before_vote(run.stop.stop_file, step + 1)
         began = time.perf_counter()
         mean_loss, finite, stop_requested, slots = _reduce_step(losses, run.stop.requested(), acc.device,

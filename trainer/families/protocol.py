@@ -112,6 +112,15 @@ class Fetches(Protocol):
 
 
 @runtime_checkable
+class ReducesGradients(Protocol):
+    """A family holding trained parameters that DDP leaves alone (a full fine-tune's swapped blocks, in CPU memory:
+    trainer.families.components.block_swap): every process calls `reduce_gradients` after the last micro-step's
+    backward, before the loop clips and steps, to average them over the processes."""
+
+    def reduce_gradients(self) -> None: ...
+
+
+@runtime_checkable
 class Evaluates(Protocol):
     """A family with metrics: `evaluate` runs on every rank every `eval.every` steps and at the end; its dict
     becomes an `eval` event (rank 0's). checkpoints/best/ follows `best_metric` (with `eval.best: auto`), which

@@ -36,6 +36,7 @@ def _value_of(key: str, *values: str) -> Callable[[Config], str | None]:
 
 EXTRAS: tuple[Extra, ...] = (
     Extra("nf4", "torchao", _value_of("model.base_weights", "nf4", "int8")),
+    Extra("nf4", "torchao", _value_of("model.text_encoder_weights", "nf4", "int8")),
     Extra("optimizers", "prodigyopt", _value_of("train.optimizer", "prodigy")),
     Extra("optimizers", "schedulefree", _value_of("train.optimizer", "adamw_schedulefree")),
     Extra("deepspeed", "deepspeed", _value_of("distributed.sharding", "deepspeed")),

@@ -152,6 +152,13 @@ def _suggest(name: str) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
+# Values renamed since a preset or a run folder's config.yaml may have been written with them: read as the new
+# name (a run started before the rename still resumes; the choices and the UI show the new one only).
+RENAMED_VALUES = {
+    "model.base_weights": {"default": "bf16"},  # "unquantized": the peers' and the issue's name for it
+}
+
+
 def build_config(raw: dict) -> tuple[Config, list[str]]:
     """Typed Config from a (migrated) raw dict, and the keys that could not be applied (left at defaults)."""
     base = OmegaConf.structured(Config)
@@ -162,6 +169,8 @@ def build_config(raw: dict) -> tuple[Config, list[str]]:
             continue
         if name in _ON_OFF_KEYS and isinstance(value, bool):
             value = "on" if value else "off"
+        if isinstance(value, str):
+            value = RENAMED_VALUES.get(name, {}).get(value, value)
         if (too_big := number_problem(name, value)):
             problems.append(too_big)  # before OmegaConf, whose message for inf names no fix
             continue

@@ -29,9 +29,9 @@ def lora_problems(config: Config, *, check_paths: bool = True) -> list[str]:
     if lora.dora and lora.type != "lora":
         p.append(f"lora.dora: DoRA decomposes a LoRA (peft has it for lora.type=lora only), and lora.type is "
                  f"{lora.type}: set lora.type=lora or lora.dora=false")
-    if lora.dora and config.model.base_weights != "default":
+    if lora.dora and config.model.base_weights != "bf16":
         p.append(f"lora.dora: DoRA renormalises each adapted weight by its full-precision norm, which "
-                 f"model.base_weights={config.model.base_weights} does not keep: set model.base_weights=default or "
+                 f"model.base_weights={config.model.base_weights} does not keep: set model.base_weights=bf16 or "
                  "lora.dora=false")
     if lora.dora and lora.train_text_encoder:
         p.append("lora.dora: diffusers' LoRA loader drops a text encoder's DoRA magnitudes, so the run's diffusers "

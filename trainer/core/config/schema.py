@@ -46,9 +46,9 @@ class ModelConfig:
     revision: Optional[str] = key(None, "Hub revision (branch, tag or commit) of a hub model.")
     variant: Optional[str] = key(None, "Hub weight variant, e.g. `fp16`.")
     base_weights: str = key(
-        "default",
-        "How a LoRA run stores the frozen network it adapts (UNet / transformer): `default` (the plan's precision: "
-        "bf16 or fp16 on GPUs, fp32 on the CPU); `fp8` (float8 e4m3: half the memory of bf16, FLUX's transformer "
+        "bf16",
+        "How a LoRA run stores the frozen network it adapts (UNet / transformer): `bf16` (unquantized, in the plan's "
+        "precision: bf16 or fp16 on GPUs, fp32 on the CPU; `default`, its name before, is read as bf16); `fp8` (float8 e4m3: half the memory of bf16, FLUX's transformer "
         "12 GB instead of 24; each layer is upcast to the plan's precision for its own forward by diffusers' "
         "layerwise casting; needs train.gradient_checkpointing, without it every upcast weight is kept for the "
         "backward pass and nothing is saved; on GPUs with fp8 tensor cores model.fp8_compute multiplies in fp8 "
@@ -59,7 +59,28 @@ class ModelConfig:
         "checkpointing; the same torchao extra). Each rounds the frozen weights a little; the LoRA itself always "
         "trains in fp32. All four run on the CPU as well (the upcast and the dequantization are plain torch ops), "
         "for every diffusion family.",
-        choices=("default", "fp8", "nf4", "int8"),
+        choices=("bf16", "fp8", "nf4", "int8"),
+    )
+    text_encoder_weights: str = key(
+        "bf16",
+        "How the frozen text encoders are stored while they encode the captions (the text cache, or every step "
+        "without it): `bf16` (unquantized, in the plan's precision); `fp8`, `int8` or `nf4` as model.base_weights "
+        "stores the denoiser (the same component, quantized in CPU memory before they reach the GPU), which lets a "
+        "big encoder fill the cache on a small card: FLUX.2 dev's Mistral Small 3 (44.7 GiB in bf16) in about 12 "
+        "GiB as nf4, Qwen-Image's Qwen2.5-VL 7B (15.4 GiB) in about 8 (musubi-tuner's --fp8_vl / --fp8_text_encoder "
+        "and ai-toolkit's quantize_te do the same). Each rounds the caption embeddings a little (tests bound it); "
+        "the plan counts the encoders' load peak in this storage. The flow-matching families only.",
+        choices=("bf16", "fp8", "nf4", "int8"),
+    )
+    text_encoder_device: str = key(
+        "auto",
+        "Where the frozen text encoders encode the captions into the text cache: `auto`, the run's device (the GPU); "
+        "`cpu`, in CPU memory, for an encoder that does not fit the card even quantized (FLUX.2 dev's Mistral Small "
+        "3 on a 12 GB card): slow (minutes per hundred captions for a 24B encoder), once, and needs the text cache "
+        "(data.cache_text_embeddings not false, no data.shuffle_tags); the GPU never holds the encoders. With "
+        "model.text_encoder_weights int8 the CPU keeps them in a quarter of the memory of fp32 and multiplies with "
+        "its int8 kernels. The flow-matching families only.",
+        choices=("auto", "cpu"),
     )
     fp8_compute: str = key(
         "off",
@@ -84,10 +105,12 @@ class ModelConfig:
     )
     block_swap: Union[int, str] = key(
         0,
-        "LoRA on one GPU too small for the model: how many of the transformer's repeated blocks (the last ones) keep "
-        "their frozen weights in CPU memory, each copied to the GPU for its call while the previous block computes "
-        "(`auto`: the fewest that fit the plan's memory estimate; 0: none). Slower by the copies that compute does "
-        "not hide; needs train.gradient_checkpointing; the flow-matching families only (bench/block_swap.md).",
+        "One GPU too small for the model: how many of the transformer's repeated blocks (the last ones) keep their "
+        "weights in CPU memory, each copied to the GPU for its call while the previous block computes (`auto`: the "
+        "fewest that fit the plan's memory estimate; 0: none). LoRA: their frozen weights; a full fine-tune: their "
+        "fp32 weights, gradients and optimizer state too, stepped on the CPU. Slower by the copies that compute does "
+        "not hide; needs train.gradient_checkpointing and DDP (not FSDP/DeepSpeed); the flow-matching families only "
+        "(bench/block_swap.md).",
     )
     zero_terminal_snr: bool = key(
         False,

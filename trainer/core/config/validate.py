@@ -135,12 +135,12 @@ def validate(config: Config, *, check_paths: bool = True) -> list[str]:
     p += compile_problems(config)
     p += missing_extra_problems(config)
     base_weights = config.model.base_weights
-    if base_weights != "default" and config.method != "lora":
+    if base_weights != "bf16" and config.method != "lora":
         p.append(f"model.base_weights: {base_weights} is for LoRA on the diffusion families (a full fine-tune "
-                 "trains every weight in fp32); set model.base_weights=default")
+                 "trains every weight in fp32); set model.base_weights=bf16")
     elif base_weights == "fp8" and not config.train.gradient_checkpointing and config.model.fp8_compute != "on":
         p.append("model.base_weights: fp8 saves memory only with train.gradient_checkpointing=true (otherwise "
-                 "each layer's upcast weights are kept for the backward pass): set it, or base_weights=default, or "
+                 "each layer's upcast weights are kept for the backward pass): set it, or base_weights=bf16, or "
                  "model.fp8_compute=on on GPUs of compute capability 8.9+ (nothing is upcast there)")
     swap = config.model.block_swap
     if swap != "auto" and (isinstance(swap, str) or isinstance(swap, bool) or swap < 0):

@@ -102,6 +102,8 @@ def _model(model: dict, imported: Imported, path: Path) -> None:
         imported.set("model.base_weights", "fp8")
         imported.set("train.gradient_checkpointing", True)
         imported.notes.append("model.base_weights fp8: ai-toolkit's `quantize` (8-bit base weights)")
+    elif "quantize" in model:  # `quantize: false`: the base as loaded, unquantized
+        imported.set("model.base_weights", "bf16")
     _rest("model", model, {"quantize"}, imported)
 
 

@@ -53,10 +53,12 @@ def _frozen_weights_stay_local(modules) -> None:
     files on every rank, so that is pure cost (FLUX: 24 GB at start-up), and gloo cannot send float8 at all
     (`model.base_weights: fp8`): DDP is told to leave them alone, and the float8 weights `model.fp8_compute`
     keeps as buffers too (DDP would otherwise send them again at every forward). Trainable ones are still
-    broadcast."""
+    broadcast, but for those a family already asked DDP to leave alone (a full fine-tune's swapped blocks, which
+    trainer.families.components.block_swap averages itself): that list is kept."""
     from torch.nn.parallel import DistributedDataParallel
 
     for module in modules:
-        frozen = [name for name, p in module.named_parameters() if not p.requires_grad]
+        frozen = list(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))
+        frozen += [name for name, p in module.named_parameters() if not p.requires_grad]
         frozen += [name for name, b in module.named_buffers() if b.dtype == torch.float8_e4m3fn]
-        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, frozen)
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, sorted(set(frozen)))

@@ -43,7 +43,7 @@ class ChromaFamily(FlowFamily):
         return self.cfg.flow.max_sequence_length or 512
 
     def encode_caption(self, caption: str) -> dict[str, torch.Tensor]:
-        embeds, _, mask, *_ = self.flow.pipe.encode_prompt(caption, device=self.ctx.device,
+        embeds, _, mask, *_ = self.flow.pipe.encode_prompt(caption, device=self.flow.text_device,
                                                            do_classifier_free_guidance=False,
                                                            max_sequence_length=self.max_sequence_length())
         return {"embeds": embeds.float(), "mask": mask.float()}

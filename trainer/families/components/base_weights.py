@@ -23,7 +23,7 @@ def place_frozen_network(module: ModelMixin, base_weights: str, device: torch.de
     `model.base_weights` says. Call it before adding LoRA (the adapter's layers then stay fp32) and never cast the
     module's dtype afterwards (that would dequantize NF4).
 
-    - `default`: as it is, in `dtype`.
+    - `bf16`: unquantized, as it is, in `dtype` (the plan's precision: bf16/fp16 on GPUs, fp32 on the CPU).
     - `fp8`: weights stored in float8 e4m3 and upcast to `dtype` layer by layer around each forward (diffusers'
       layerwise casting; norms and embeddings stay as they are). With `fp8_compute` (the plan's, from
       `model.fp8_compute`), the Linear layers that can (trainer.families.components.fp8_linear) instead keep a
@@ -39,7 +39,7 @@ def place_frozen_network(module: ModelMixin, base_weights: str, device: torch.de
 
     `held`: submodules (the blocks `model.block_swap` swaps, trainer.families.components.block_swap) stored the same
     way but left in CPU memory: they never reach the device whole."""
-    if base_weights == "default":
+    if base_weights == "bf16":  # unquantized, in the plan's precision (`dtype`)
         module.to(device if not held else None, dtype=dtype)
         _to_device(module, device, held)
         return
@@ -67,6 +67,34 @@ def place_frozen_network(module: ModelMixin, base_weights: str, device: torch.de
     else:
         raise ValueError(f"unknown model.base_weights {base_weights!r}")
     _to_device(module, device, held)  # what was not quantized; stored weights keep their storage dtype
+
+
+def store_text_encoder(module: torch.nn.Module, text_encoder_weights: str, dtype: torch.dtype) -> None:
+    """`model.text_encoder_weights`: a frozen text encoder (a transformers model, in CPU memory in `dtype`) stored
+    as the denoiser's base weights are, before it meets the GPU: its Linear layers (nearly all of a text encoder's
+    weights; embeddings and norms kept) `fp8` through diffusers' layerwise casting hook, each upcast for its own
+    forward, `nf4` and `int8` through torchao, quantized where it lies (so the GPU never holds it in full
+    precision). `bf16`: as it is."""
+    if text_encoder_weights == "bf16":
+        return
+    cpu = torch.device("cpu")
+    if text_encoder_weights == "fp8":
+        # Linear layers only: diffusers' apply_layerwise_casting on a transformers model also cast T5's RMSNorm
+        # weight, which T5 multiplies with fp32 activations ("Promotion for Float8 Types is not supported")
+        # weight, which T5 multiplies with fp32 activations ("Promotion for Float8 Types is not supported"). The
+        # model's own `_keep_in_fp32_modules` (T5's `wo`, whose input it casts to that weight's dtype) stay as well.
+        from diffusers.hooks.layerwise_casting import apply_layerwise_casting_hook
+
+        keep = set(getattr(module, "_keep_in_fp32_modules", None) or ())
+        for name, layer in module.named_modules():
+            if isinstance(layer, torch.nn.Linear) and not layer.weight.requires_grad and not keep & set(name.split(".")):
+                apply_layerwise_casting_hook(layer, torch.float8_e4m3fn, dtype, non_blocking=False)
+    elif text_encoder_weights == "nf4":
+        store_linear_weights_nf4(module, cpu)
+    elif text_encoder_weights == "int8":
+        store_linear_weights_int8(module, cpu)
+    else:
+        raise ValueError(f"unknown model.text_encoder_weights {text_encoder_weights!r}")
 
 
 @contextlib.contextmanager
@@ -127,7 +155,7 @@ def store_linear_weights_nf4(module: torch.nn.Module, device: torch.device,
         raise UserError("model.base_weights: nf4 needs torchao (PyTorch's quantization library), which could not "
                         f"be imported here ({err}). Install it with `pip install 'imagetune[nf4]'` (a torchao "
                         "release made for your torch version), or set model.base_weights=fp8 (8-bit, built in) or "
-                        "default.") from None
+                        "bf16 (unquantized).") from None
     stored = 0
     stay = {id(m) for block in held for m in block.modules()}
     for layer in module.modules():
@@ -154,7 +182,7 @@ def store_linear_weights_int8(module: torch.nn.Module, device: torch.device,
     except ImportError as err:  # missing, or built for another torch
         raise UserError("model.base_weights: int8 needs torchao (PyTorch's quantization library), which could not "
                         f"be imported here ({err}). Install it with `pip install 'imagetune[nf4]'` (a torchao "
-                        "release made for your torch version), or set model.base_weights=fp8 or default.") from None
+                        "release made for your torch version), or set model.base_weights=fp8 or bf16.") from None
     stay = {id(m) for block in held for m in block.modules()}
     layers = [layer for layer in module.modules() if isinstance(layer, torch.nn.Linear)
               and layer.weight is not None and not layer.weight.requires_grad and layer.weight.is_floating_point()]

@@ -80,6 +80,10 @@ class FlowFamily:
     def set_prepared(self, modules: list[torch.nn.Module]) -> None:
         self.prepared = modules
 
+    def reduce_gradients(self) -> None:
+        if self.flow.block_swap is not None:  # a full fine-tune's swapped blocks (components/block_swap.py)
+            self.flow.block_swap.reduce_gradients()
+
     def param_groups(self) -> list[dict]:
         return self.flow.param_groups()
 

@@ -40,7 +40,7 @@ class FluxFamily(FlowFamily):
         return self.cfg.flow.max_sequence_length or (512 if self.guidance_embeds else 256)
 
     def encode_caption(self, caption: str) -> dict[str, torch.Tensor]:
-        embeds, pooled, _ = self.flow.pipe.encode_prompt(caption, prompt_2=None, device=self.ctx.device,
+        embeds, pooled, _ = self.flow.pipe.encode_prompt(caption, prompt_2=None, device=self.flow.text_device,
                                                          max_sequence_length=self.max_sequence_length())
         return {"embeds": embeds.float(), "pooled": pooled.float()}
 

@@ -37,7 +37,7 @@ class SD3Family(FlowFamily):
         return self.cfg.flow.max_sequence_length or 256
 
     def encode_caption(self, caption: str) -> dict[str, torch.Tensor]:
-        embeds, _, pooled, _ = self.flow.pipe.encode_prompt(caption, None, None, device=self.ctx.device,
+        embeds, _, pooled, _ = self.flow.pipe.encode_prompt(caption, None, None, device=self.flow.text_device,
                                                             do_classifier_free_guidance=False,
                                                             max_sequence_length=self.max_sequence_length())
         return {"embeds": embeds.float(), "pooled": pooled.float()}

@@ -24,7 +24,8 @@ from trainer.errors import UserError
 from trainer.families.components import flow_matching as fm
 from trainer.families.components import text_cache, trained_weights
 from trainer.families import spec_of
-from trainer.families.components.base_weights import frozen_dtype, parked, place_frozen_network
+from trainer.families.components.base_weights import (frozen_dtype, parked, place_frozen_network,
+                                                       store_text_encoder)
 from trainer.families.components.block_swap import BlockSwap, ignored_by_ddp, last_blocks
 from trainer.families.components.captioned import torch_generator
 from trainer.families.components.captioned_latents import CaptionedLatents, Row
@@ -66,7 +67,7 @@ class FlowModel(Protocol):
         """The pipeline's guidance argument for `sample.guidance_scale` (its name differs between pipelines)."""
 
     def encode_caption(self, caption: str) -> dict[str, torch.Tensor]:
-        """The frozen encoders' outputs for one caption (batch dimension 1), on the device."""
+        """The frozen encoders' outputs for one caption (batch dimension 1), encoded on `flow.text_device`."""
 
     def texts_for(self, prompt: str, negative_prompt: str) -> list[str]:
         """What the pipeline encodes to sample one prompt (SD3 adds the negative prompt of its guidance), as text
@@ -137,6 +138,9 @@ class FlowTransformerTrainer:
         self.block_swap: BlockSwap | None = None
         self.swapped: list[torch.nn.Module] = []  # the blocks block_swap keeps in CPU memory
         self.encode_alone = False  # the text encoders reach the GPU only to fill the text cache
+        self.encoders_fingerprint = ""  # of the text encoders' weights as loaded, for the text cache's key
+        self.text_device: torch.device | None = None  # where the text encoders encode (model.text_encoder_device)
+        self.text_dtype = torch.float32  # the first encoder's compute dtype (an fp8-stored one reports float8)
 
     # ---- models -------------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -164,10 +168,21 @@ class FlowTransformerTrainer:
         # Encoders whose captions are cached meet the GPU only to encode them, while the denoiser waits in CPU
         # memory (prepare_data): the load then peaks at the larger of the two, not their sum (trainer.core.memory)
         self.swapped = swapped
-        self.encode_alone = text_cache.cache_text_embeddings(cfg, True) and plan.sharding == "ddp"
+        # model.text_encoder_device: cpu: the encoders encode in CPU memory (the config requires the text cache)
+        self.text_device = torch.device("cpu") if cfg.model.text_encoder_device == "cpu" else device
+        self.encode_alone = (text_cache.cache_text_embeddings(cfg, True) and plan.sharding == "ddp"
+                             and self.text_device == device)
+        # the text cache's key names the encoders' weights as loaded (torchao's quantized tensors have no sum)
+        self.encoders_fingerprint = weights_fingerprint(*self.text_encoders) if \
+            text_cache.cache_text_embeddings(cfg, True) else ""
         for name, te in zip(model.text_encoder_names, self.text_encoders):
-            te.to(device if not self.encode_alone else None,
-                  dtype=torch.float32 if plan.precision == "fp16" and name == model.t5_name else base_dtype)
+            dtype = torch.float32 if plan.precision == "fp16" and name == model.t5_name else base_dtype
+            te.to(dtype=dtype)
+            if te is self.text_encoders[0]:
+                self.text_dtype = dtype
+            # model.text_encoder_weights: quantized in CPU memory, before the GPU sees them (base_weights.py)
+            store_text_encoder(te, cfg.model.text_encoder_weights, dtype)
+            te.to(self.text_device if not self.encode_alone else None)
         if cfg.method == "full":
             self.transformer.requires_grad_(True)  # fp32 (frozen_dtype); FSDP shards it when it does not fit
         else:
@@ -180,9 +195,10 @@ class FlowTransformerTrainer:
                 from trainer.families.components.adapter_init import apply_start
 
                 apply_start(start, {"transformer": self.transformer}, cfg.lora)
-        if swapped:  # after LoRA: its layers in the swapped blocks move to the device and train there
-            self.block_swap = BlockSwap(swapped, device)
-            ignored_by_ddp(self.transformer)
+        if swapped:  # after LoRA: its layers in the swapped blocks move to the device and train there (a full
+            # fine-tune's swapped weights train in CPU memory: block_swap.py)
+            self.block_swap = BlockSwap(swapped, device, trains=cfg.method == "full")
+            ignored_by_ddp(self.transformer, self.block_swap)
         if cfg.train.gradient_checkpointing:
             self.transformer.enable_gradient_checkpointing(model.checkpointing_func(self.transformer))
         self.transformer.train()
@@ -261,7 +277,8 @@ class FlowTransformerTrainer:
         key = {"family": self.name, "path": cfg.model.path, "revision": cfg.model.revision,
                "encoders": [te.config.to_dict() for te in self.text_encoders],
                "max_length": model.max_sequence_length(), "dtype": [str(te.dtype) for te in self.text_encoders],
-               "weights": weights_fingerprint(*self.text_encoders)}
+               "stored": cfg.model.text_encoder_weights,
+               "weights": self.encoders_fingerprint}
         folder = ctx.cache_dir / "text" / text_cache.text_cache_key(key, captions)
 
         with contextlib.ExitStack() as encoding:
@@ -271,7 +288,7 @@ class FlowTransformerTrainer:
                 if alone[0]:
                     alone[0] = False
                     encoding.enter_context(parked(self.transformer, ctx.device, self.swapped))
-                    text_cache.onload(ctx.device, *self.text_encoders)
+                    text_cache.onload(self.text_device or ctx.device, *self.text_encoders)
                 rows = [model.encode_caption(caption) for caption in batch]
                 return {k: torch.cat([row[k] for row in rows]) for k in rows[0]}
 
@@ -297,7 +314,7 @@ class FlowTransformerTrainer:
     def cached(self, caption: str) -> dict[str, torch.Tensor]:
         """One caption's cached embeddings as the pipeline's own encoding would have produced them."""
         assert self.text_cache is not None, "only called when every prompt is in the cache"
-        dtype = self.text_encoders[0].dtype
+        dtype = self.text_dtype
         return {k: on_device(v[None], self.ctx.device, dtype) for k, v in self.text_cache.get(caption).items()}
 
     # ---- loss ---------------------------------------------------------------------------------------------
@@ -380,6 +397,11 @@ class FlowTransformerTrainer:
                guidance_scale: float = 7.5, negative_prompt: str = ""):
         cache, model = self.text_cache, self.model
         from_cache = cache is not None and all(t in cache for p in prompts for t in model.texts_for(p, negative_prompt))
+        if cache is not None and not from_cache and self.text_device != self.ctx.device:
+            unseen = [p for p in prompts if any(t not in cache for t in model.texts_for(p, negative_prompt))]
+            raise UserError(f"The prompts {unseen} are not in the text cache, and model.text_encoder_device: cpu "
+                            "keeps the text encoders off the GPU: samples take the prompts of sample.prompts, which "
+                            "the cache holds. Add the prompt there and resume, or set model.text_encoder_device=auto.")
         if cache is not None and not from_cache:  # a prompt the cache has not seen: the encoders come back
             text_cache.onload(self.ctx.device, *self.text_encoders)
         pipe = self._sampling_pipeline(from_cache)

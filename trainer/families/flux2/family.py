@@ -71,7 +71,7 @@ class Flux2Hooks(FlowFamily):
         return self.cfg.flow.max_sequence_length or 512
 
     def encode_caption(self, caption: str) -> dict[str, torch.Tensor]:
-        embeds, _ = self.flow.pipe.encode_prompt(caption, device=self.ctx.device,
+        embeds, _ = self.flow.pipe.encode_prompt(caption, device=self.flow.text_device,
                                                  max_sequence_length=self.max_sequence_length())
         return {"embeds": embeds.float()}
 

@@ -16,7 +16,9 @@ FLUX2 = FamilySpec(
     checks="trainer.families.flux2.checks:flux2_checks",
     bucket_multiple=16,  # 2x2 patches of the 8x VAE (the pipeline rounds to vae_scale_factor * 2)
     block_lists=("transformer_blocks", "single_transformer_blocks"),
-    sizes=flow_sizes(((8, 981_467_648), (48, 490_733_824)), 816_316_416, 6144, MISTRAL_SMALL_31, FLUX2_VAE),
+    sizes=flow_sizes(((8, 981_467_648), (48, 490_733_824)), 816_316_416, 6144, MISTRAL_SMALL_31, FLUX2_VAE,
+                     # Mistral's 3 stacked hidden states (3 x 5120) a token; 32 latent channels
+                     text_tokens=512, text_floats=(15360, 0), latent_channels=32),
     trained_component="transformer",
     path_keys=FLOW_PATH_KEYS,
     published_parameters=32e9,  # the model card's 32B transformer (black-forest-labs/FLUX.2-dev)
@@ -26,6 +28,7 @@ FLUX2 = FamilySpec(
     demo_assets={"tiny-flux2": "trainer.families.flux2.demo:ensure_tiny_flux2"},
     section="flow",
     section_title=FLOW_SECTION_TITLE,
+    quantizes_text_encoders=True,  # model.text_encoder_weights (trainer.families.flow.trainer)
     xformers=False,  # diffusers' attention processors on SDPA; xformers is wired for the UNets
 )
 
@@ -38,8 +41,12 @@ FLUX2_KLEIN = FamilySpec(
     block_lists=("transformer_blocks", "single_transformer_blocks"),
     # klein 4B (3.89e9) and 9B (9.10e9) counted at the configs recalled from their model cards (5+20 blocks of width
     # 3072, 8+24 of 4096): to check against the hub's transformer/config.json
-    sizes=flow_sizes(((5, 245_367_296), (20, 122_683_648)), 205_258_752, 3072, QWEN3_4B, FLUX2_VAE),
-    sizes_variants={"9b": flow_sizes(((8, 436_208_128), (24, 218_104_064)), 372_244_480, 4096, QWEN3_8B, FLUX2_VAE)},
+    sizes=flow_sizes(((5, 245_367_296), (20, 122_683_648)), 205_258_752, 3072, QWEN3_4B, FLUX2_VAE,
+                     # Qwen3's 3 stacked hidden states (3 x 2560); with guidance it always encodes "" too
+                     text_tokens=512, text_floats=(7680, 0), negative_text="", takes_negative=False, latent_channels=32),
+    sizes_variants={"9b": flow_sizes(((8, 436_208_128), (24, 218_104_064)), 372_244_480, 4096, QWEN3_8B, FLUX2_VAE,
+                                     text_tokens=512, text_floats=(12288, 0), negative_text="", takes_negative=False,
+                                     latent_channels=32)},
     trained_component="transformer",
     path_keys=FLOW_PATH_KEYS,
     published_parameters=4e9,  # the model name's size (black-forest-labs/FLUX.2-klein-4B, -base-4B)
@@ -50,5 +57,6 @@ FLUX2_KLEIN = FamilySpec(
     demo_assets={"tiny-flux2-klein": "trainer.families.flux2.demo:ensure_tiny_flux2_klein"},
     section="flow",
     section_title=FLOW_SECTION_TITLE,
+    quantizes_text_encoders=True,  # model.text_encoder_weights (trainer.families.flow.trainer)
     xformers=False,  # diffusers' attention processors on SDPA; xformers is wired for the UNets
 )

@@ -64,7 +64,7 @@ class QwenImageFamily(FlowFamily):
 
     def encode_caption(self, caption: str) -> dict[str, torch.Tensor]:
         length = self.max_sequence_length()
-        embeds, _ = self.flow.pipe.encode_prompt(caption, device=self.ctx.device, max_sequence_length=length)
+        embeds, _ = self.flow.pipe.encode_prompt(caption, device=self.flow.text_device, max_sequence_length=length)
         n = embeds.shape[1]
         # Padded to one length so that captions stack in the cache; forward trims the padding back off.
         padded = torch.cat([embeds.float(), embeds.new_zeros(1, length - n, embeds.shape[2]).float()], dim=1)

@@ -38,5 +38,6 @@ QWENIMAGE_EDIT = FamilySpec(
                  "demo-edit-control": "trainer.families.components.edit_pairs:ensure_demo_edit"},
     section="flow",
     section_title=FLOW_SECTION_TITLE,
+    quantizes_text_encoders=True,  # model.text_encoder_weights: the Qwen2.5-VL (vision tower too) as Qwen-Image's
     xformers=False,  # diffusers' attention processors on SDPA; xformers is wired for the UNets
 )

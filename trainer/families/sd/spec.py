@@ -13,7 +13,7 @@ SPEC = FamilySpec(
                     "LoRA fits 12 GB with model.base_weights=fp8 and train.gradient_checkpointing",
     # activations per 1024x1024 sample measured on an H200 (bench/gpu_sd15.md, bench/gpu_large.md; SD 1.5's at
     # 512 px scaled by pixels)
-    sizes=ModelSizes((), 859_520_964, CLIP_L, SD_VAE, (1.02, 4.34), 0.2e6, caches_text=False),
+    sizes=ModelSizes((), 859_520_964, CLIP_L, SD_VAE, (1.02, 4.34), 0.2e6, caches_text=False, latent_channels=4),
     trained_component="unet",
     channels_last=True,
     published_parameters=860e6,  # SD 1.x/2.x UNet

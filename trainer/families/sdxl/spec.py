@@ -13,7 +13,7 @@ SPEC = FamilySpec(
                     "LoRA fits 12 GB with model.base_weights=fp8 and train.gradient_checkpointing",
     # activations per 1024x1024 sample measured on an H200 (bench/gpu_sd15.md, bench/gpu_large.md; SD 1.5's at
     # 512 px scaled by pixels)
-    sizes=ModelSizes((), 2_567_463_684, CLIP_L + CLIP_G, SD_VAE, (0.67, 7.24), 23.2e6 / 16),
+    sizes=ModelSizes((), 2_567_463_684, CLIP_L + CLIP_G, SD_VAE, (0.67, 7.24), 23.2e6 / 16, latent_channels=4),
     trained_component="unet",
     channels_last=True,
     published_parameters=2.57e9,  # SDXL base UNet

@@ -64,7 +64,7 @@ class ZImageFamily(FlowFamily):
         """The pipeline's embedding (its real tokens only), padded back to `max_sequence_length` with a mask, so
         that captions stack in the text cache."""
         length = self.max_sequence_length()
-        (embeds,), _ = self.flow.pipe.encode_prompt(caption, device=self.ctx.device, do_classifier_free_guidance=False,
+        (embeds,), _ = self.flow.pipe.encode_prompt(caption, device=self.flow.text_device, do_classifier_free_guidance=False,
                                                      max_sequence_length=length)
         padded = embeds.new_zeros(1, length, embeds.shape[-1], dtype=torch.float32)
         padded[0, :embeds.shape[0]] = embeds.float()
@@ -94,7 +94,7 @@ class ZImageFamily(FlowFamily):
         return {"max_sequence_length": self.max_sequence_length(), "negative_prompt": negative_prompt or None}
 
     def embedded_prompt_kwargs(self, prompt: str, negative_prompt: str) -> dict:
-        device, dtype = self.ctx.device, self.flow.text_encoders[0].dtype
+        device, dtype = self.ctx.device, self.flow.text_dtype
         text, negative = self.flow.cached(prompt), self.flow.cached(negative_prompt or "")
         return {"prompt_embeds": self._caption_list(text, device, dtype),
                 "negative_prompt_embeds": self._caption_list(negative, device, dtype)}

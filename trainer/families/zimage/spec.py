@@ -11,7 +11,9 @@ ZIMAGE = FamilySpec(
     checks="trainer.families.zimage.checks:zimage_checks",
     bucket_multiple=16,  # the transformer patchifies 2x2 latent patches of the 8x VAE (ZImagePipeline checks 16)
     block_lists=("noise_refiner", "context_refiner", "layers"),  # their forward order
-    sizes=flow_sizes(((2, 180_910_336), (2, 176_962_816), (30, 180_910_336)), 11_852_352, 3840, QWEN3_4B, VAE),
+    sizes=flow_sizes(((2, 180_910_336), (2, 176_962_816), (30, 180_910_336)), 11_852_352, 3840, QWEN3_4B, VAE,
+                     # Qwen3's states padded to 512 and their mask; with guidance "" without a negative prompt
+                     text_tokens=512, text_floats=(2560 + 1, 0), negative_text=""),
     trained_component="transformer",
     path_keys=FLOW_PATH_KEYS,
     published_parameters=6.15e9,  # the model card's 6B (ZImageTransformer2DModel(): 6,154,908,736)
@@ -23,5 +25,6 @@ ZIMAGE = FamilySpec(
     demo_assets={"tiny-zimage": "trainer.families.zimage.demo:ensure_tiny_zimage"},
     section="flow",
     section_title=FLOW_SECTION_TITLE,
+    quantizes_text_encoders=True,  # model.text_encoder_weights (trainer.families.flow.trainer)
     xformers=False,  # diffusers' attention processors on SDPA; xformers is wired for the UNets
 )
