@@ -3,6 +3,8 @@ dtype bytes exactly, its activations reproduce the measurement they are calibrat
 picks the fewest swapped blocks that fit, and a run that cannot fit is refused with the numbers. Pure functions of
 the config and the hardware: no model, no torch."""
 
+import re
+
 import pytest
 
 from trainer.core.config import load_config
@@ -110,3 +112,20 @@ def test_flux_kontext_plans_flux1s_weights_and_activations_scaled_by_its_doubled
     assert _parts(ours)["weights"] == _parts(flux)["weights"]
     # 512 text + 2 x 4096 image tokens at 1024 px (the control's follow the target's) against 512 + 4096
     assert _parts(ours)["activations"] == pytest.approx(_parts(flux)["activations"] * (512 + 8192) / (512 + 4096))
+
+
+def test_a_dry_run_plans_a_sharded_full_fine_tune_for_the_gpus_the_preset_names():
+    """hardware.gpus: without the preset's 8 GPUs here, the estimate is made for them: sharding auto picks FSDP
+    there, and each GPU holds an eighth of the weights, gradients and optimizer state (16 bytes a parameter)."""
+    card = ("method=full", "hardware.gpu_memory_gb=80", "data.cache_text_embeddings=false")
+    alone = make_plan(_flux(*card), CPU_ONLY, parameters=FLUX.denoiser)
+    eight = make_plan(_flux(*card, "hardware.gpus=8"), CPU_ONLY, parameters=FLUX.denoiser)
+    state = "weights, gradients, optimizer"
+    assert re.search(rf"{state} (\d+\.\d)", alone.memory).group(1) == f"{FLUX.denoiser * 16 / GIB:.1f}"
+    assert re.search(rf"{state} (\d+\.\d)", eight.memory).group(1) == f"{FLUX.denoiser * 16 / GIB / 8:.1f}"
+    assert any("expect out-of-memory" in note for note in alone.notes)
+    assert not any("expect out-of-memory" in note for note in eight.notes)
+    assert any("planned for 8 x 80 GB GPUs (hardware.gpus)" in n and "fsdp" in n for n in eight.notes)
+    assert eight.sharding == "ddp" and eight.device == "cpu"  # the run here is still this machine's
+    with pytest.raises(ConfigError, match=r"hardware.gpus: .* got -1"):
+        make_plan(_flux("hardware.gpus=-1"), CPU_ONLY)

@@ -222,6 +222,21 @@ def choose_sharding(config: Config, hw: Hardware, device: str, world: int,
                     f"{have_gb:.0f} GB); sharded across {world} processes: about {need_gb / world:.0f} GB each"]
 
 
+def _memory_target(config: Config, device: str, world: int, sharding: str, parameters: int | None,
+                   notes: list[str]) -> tuple[int, str]:
+    """(processes, sharding) the memory estimate is made for: this machine's, or, planned where the preset's GPUs
+    are not (hardware.gpus with hardware.gpu_memory_gb), theirs: e.g. a full fine-tune's FSDP shards across 8."""
+    gpus, memory_gb = config.hardware.gpus, config.hardware.gpu_memory_gb
+    if device == "cuda" or gpus < 1 or not memory_gb:
+        return world, sharding
+    target = Hardware(gpu_count=gpus, gpu_memory_gb=(memory_gb,) * gpus, bf16=True)
+    world = gpus * config.distributed.nodes
+    sharding, why = choose_sharding(config, target, "cuda", world, parameters)
+    notes.append(f"memory: planned for {world} x {memory_gb:g} GB GPUs (hardware.gpus), not this machine: "
+                 + ("; ".join(why) if why else f"sharding {sharding}"))
+    return world, sharding
+
+
 def _deepspeed_problems(config: Config, precision: str) -> list[str]:
     """What DeepSpeed ZeRO (trainer.engine.parallel.deepspeed) cannot run, each with the way out."""
     out = []  # a missing deepspeed package is a config problem (trainer.core.config.extras)
@@ -264,7 +279,9 @@ def make_plan(config: Config, hw: Hardware, parameters: int | None = None) -> Pl
     sharding, sharding_notes = choose_sharding(config, hw, device, world, parameters)
     notes += sharding_notes
     problems += _sharding_problems(config, sharding, precision, device)
-    memory, block_swap = plan_memory(config, hw, device, gpu_ids, precision, sharding, world, notes, problems)
+    memory_world, memory_sharding = _memory_target(config, device, world, sharding, parameters, notes)
+    memory, block_swap = plan_memory(config, hw, device, gpu_ids, precision, memory_sharding, memory_world, notes,
+                                     problems)
     if problems:
         raise ConfigError(problems, "the plan")
     probe_batch = auto_batch and device == "cuda" and sharding == "ddp"

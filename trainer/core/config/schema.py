@@ -403,6 +403,13 @@ class HardwareConfig:
         "or against this where none is visible (`--dry-run` on a laptop or in CI), and model.block_swap auto "
         "sizes itself for it; 0: no estimate without a GPU.",
     )
+    gpus: int = key(
+        0,
+        "How many of those GPUs (per node) the preset is written for: 8 for a full fine-tune sharded across an "
+        "8-GPU node. Where they are not visible (`--dry-run` in CI or on a laptop), the plan's memory estimate is "
+        "made for them: the sharding distributed.sharding auto would choose there and the memory per GPU. A run "
+        "on real GPUs plans for the ones it finds; 0: one GPU.",
+    )
 
 
 @dataclass

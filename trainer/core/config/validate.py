@@ -142,6 +142,12 @@ def validate(config: Config, *, check_paths: bool = True) -> list[str]:
         p.append("model.base_weights: fp8 saves memory only with train.gradient_checkpointing=true (otherwise "
                  "each layer's upcast weights are kept for the backward pass): set it, or base_weights=bf16, or "
                  "model.fp8_compute=on on GPUs of compute capability 8.9+ (nothing is upcast there)")
+    if config.hardware.gpu_memory_gb < 0:
+        p.append(f"hardware.gpu_memory_gb: the memory of the card the preset is for, in GB (24 for an RTX 4090), or 0 "
+                 f"for none; got {config.hardware.gpu_memory_gb:g}")
+    if config.hardware.gpus < 0:
+        p.append(f"hardware.gpus: how many of those cards the preset is for (8 for an 8-GPU node), or 0 for one; got "
+                 f"{config.hardware.gpus}")
     swap = config.model.block_swap
     if swap != "auto" and (isinstance(swap, str) or isinstance(swap, bool) or swap < 0):
         p.append(f"model.block_swap: a number of blocks (0 or more) or auto, got {swap!r}")
