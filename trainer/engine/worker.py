@@ -1,6 +1,6 @@
 """One training process (a rank). Started by torchrun through trainer.core.launcher, never by hand:
 
-    python -m torch.distributed.run ... -m trainer.engine.worker RUN_DIR [--resume CHECKPOINT_DIR]
+    python -m trainer.engine.torchrun ... -m trainer.engine.worker RUN_DIR [--resume CHECKPOINT_DIR]
 
 (a one-process run starts `python -u -m trainer.engine.worker RUN_DIR ...` itself, with torchrun's environment).
 
