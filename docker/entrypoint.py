@@ -282,7 +282,7 @@ def drop_privileges(uid: int, gid: int) -> None:
 # file: checkpoint, then `stopped`) and waits for them before exiting. A second signal kills the runs instead.
 
 PR_SET_CHILD_SUBREAPER = 36
-TORCHRUN_MODULE = "torch.distributed.run"
+TORCHRUN_MODULES = ("trainer.engine.torchrun", "torch.distributed.run")  # the launcher's, and torchrun's own
 WORKER_MODULE = "trainer.engine.worker"  # a one-process run is its worker, started without torchrun
 
 
@@ -327,7 +327,7 @@ def descendant_runs(root_pid: int) -> dict[int, Path | None]:
             except OSError:
                 todo.append(pid)
                 continue
-            if TORCHRUN_MODULE in argv or (argv and Path(argv[0]).name == "torchrun"):
+            if any(m in argv for m in TORCHRUN_MODULES) or (argv and Path(argv[0]).name == "torchrun"):
                 found[pid] = _run_dir_after(argv, "--module")
             elif any(a == "-m" and b == WORKER_MODULE for a, b in zip(argv, argv[1:])):
                 found[pid] = _run_dir_after(argv, "-m")

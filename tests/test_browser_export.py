@@ -20,7 +20,8 @@ def test_a_stopped_runs_checkpoint_is_exported_labelled_and_downloaded(page, app
     # The run is made headless (the path is tested in test_export_checkpoint.py): stopped at step 2 of 6.
     made = subprocess.run([sys.executable, "launch.py", "--preset", "demo", "--runs-dir", str(app.runs_dir),
                            "name=stopped-demo", "train.steps=6", "sample.every=0", "checkpoint.every=0",
-                           "batch.total=2", "batch.per_device=2"],
+                           # the step-0 samples (sample.every=0 still draws them) at one image, 2 denoising steps
+                           "sample.steps=2", "sample.images_per_prompt=1", "batch.total=2", "batch.per_device=2"],
                           cwd=REPO, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "IMAGETUNE_FAULT": "stop_at_step=2"})
     assert made.returncode == 0 and "stopped at step 2" in made.stdout, made.stdout + made.stderr

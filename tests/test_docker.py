@@ -414,7 +414,7 @@ run="$IMAGETUNE_WORKSPACE/runs/fake-run"
 single="$IMAGETUNE_WORKSPACE/runs/fake-single"
 mkdir -p "$run" "$single"
 worker='while [ ! -e "$3/STOP" ]; do sleep 0.05; done; sleep 0.5; echo stopped > "$3/final"'
-setsid sh -c "$worker" torch.distributed.run --module trainer.engine.worker "$run" &
+setsid sh -c "$worker" trainer.engine.torchrun --module trainer.engine.worker "$run" &
 setsid sh -c "$worker" -u -m trainer.engine.worker "$single" &
 echo ready > "$run/ui-ready"
 if [ -n "$FAKE_UI_EXIT" ]; then exit "$FAKE_UI_EXIT"; fi

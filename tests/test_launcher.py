@@ -159,7 +159,7 @@ def test_command_single_and_multi_node(paths):
     config = make_config(paths, devices="cpu:2")
     plan = Plan("cpu", (), 1, 2, 1, 2, 4, "fp32", "sdpa", 10)
     cmd = build_command(paths / "r", plan, config, resume=paths / "r/checkpoints/step-000010")
-    assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"] and "--standalone" in cmd
+    assert cmd[:3] == [sys.executable, "-m", "trainer.engine.torchrun"] and "--standalone" in cmd
     assert cmd[cmd.index("--nproc-per-node") + 1] == "2"
     assert cmd[-5:-1] == ["--module", "trainer.engine.worker", str(paths / "r"), "--resume"]
     assert cmd[-1] == str(paths / "r/checkpoints/step-000010")
@@ -175,7 +175,7 @@ def test_command_single_and_multi_node(paths):
                    "--resume", str(paths / "r/checkpoints/step-000010")]
     two_nodes = make_config(paths, distributed={"nodes": 2, "node_rank": 0, "master_addr": "10.0.0.1", "master_port": 1234})
     cmd = build_command(paths / "r", Plan("cpu", (), 2, 1, 1, 2, 4, "fp32", "sdpa", 10), two_nodes)
-    assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert cmd[:3] == [sys.executable, "-m", "trainer.engine.torchrun"]
 
 
 def test_environment():

@@ -129,7 +129,9 @@ def test_a_headless_launch_watches_for_a_frozen_rank(tmp_path):
                                   "data": {"path": str(tmp_path / "data")}}))
     cmd = [sys.executable, str(repo / "launch.py"), "--preset", str(preset), "--runs-dir", "runs",
            "--worker-module", "tests.fake_worker", "devices=cpu:2", "train.steps=100000", "checkpoint.every=2",
-           "distributed.stall_warning_s=12", "distributed.stall_timeout_s=20"]
+           # as the test above: the warning once the frozen rank's heartbeat is 10 s old (trainer.core.stall), the end
+           # two 2-s polls later, so that a late poll cannot skip the warning
+           "distributed.stall_warning_s=12", "distributed.stall_timeout_s=16"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, "FAKE_WORKER_STEP_S": "0.2"})
     run_dir, rank1 = tmp_path / "runs" / "cli", None

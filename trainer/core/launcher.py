@@ -50,6 +50,7 @@ from trainer.core.registry import spec_of
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WORKER_MODULE = "trainer.engine.worker"
+TORCHRUN_MODULE = "trainer.engine.torchrun"  # torch.distributed.run, ending without the interpreter's teardown
 
 
 @functools.lru_cache(maxsize=None)
@@ -154,7 +155,7 @@ def build_command(
     tail = [str(run_dir), *(["--resume", str(resume)] if resume is not None else [])]
     if single_process(plan):
         return [sys.executable, "-u", "-m", worker_module, *tail]
-    cmd = [sys.executable, "-m", "torch.distributed.run"]
+    cmd = [sys.executable, "-m", TORCHRUN_MODULE]
     if plan.nodes > 1:
         d = config.distributed
         # The static rendezvous, not c10d: c10d ignores --node-rank (torchrun warns so) and numbers the nodes by

@@ -1,6 +1,6 @@
 """One training process (a rank). Started by torchrun through trainer.core.launcher, never by hand:
 
-    python -m torch.distributed.run ... -m trainer.engine.worker RUN_DIR [--resume CHECKPOINT_DIR]
+    python -m trainer.engine.torchrun ... -m trainer.engine.worker RUN_DIR [--resume CHECKPOINT_DIR]
 
 (a one-process run starts `python -u -m trainer.engine.worker RUN_DIR ...` itself, with torchrun's environment).
 
@@ -156,8 +156,10 @@ def _accelerator(config, plan):
                            kwargs_handlers=[InitProcessGroupKwargs(timeout=timeout)])
     from accelerate.utils import DeepSpeedPlugin
 
-    from trainer.engine.parallel.deepspeed import deepspeed_config
+    from trainer.engine.parallel.deepspeed import deepspeed_config, skip_cpu_shm_kernel
 
+    if cpu:
+        skip_cpu_shm_kernel()  # before accelerate starts DeepSpeed's communication backend, which would build it
     # accelerate drops the DeepSpeed plugin without a word when cpu=True; on CPU processes it runs DeepSpeed's
     # CPU accelerator, and needs the gloo backend named (otherwise every rank takes itself for rank 0).
     return Accelerator(gradient_accumulation_steps=plan.accumulation,

@@ -43,6 +43,23 @@ def deepspeed_config(config, plan) -> dict:
     }
 
 
+def skip_cpu_shm_kernel() -> None:
+    """Keep DeepSpeed from compiling its shared-memory all-reduce kernel on CPU processes. Its communication
+    backend builds it with g++ on every start that finds no cached build (deepspeed.comm.torch.build_shm_op, into
+    ~/.cache/torch_extensions): 40-90 s on 2 cores, the first DeepSpeed run of a machine or a fresh container
+    (the suite's zero2 test took 92 s, the three launches of the next test 48 s). Only DeepSpeed's
+    `inference_all_reduce` (tensor-parallel inference) uses that kernel; ZeRO training's collectives are
+    torch.distributed's (gloo here), so the weights and events are the same without it. An op marked incompatible
+    makes build_shm_op return None, DeepSpeed's "not available"; the dict is the one DeepSpeed caches for that
+    (deepspeed/ops/__init__.py: "edits to it persist")."""
+    try:
+        import deepspeed.ops
+
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    except (ImportError, AttributeError, TypeError):
+        pass  # another DeepSpeed layout: it builds the kernel as before
+
+
 class DeepSpeedZero:
     """trainer.engine.parallel.Parallelism for a DeepSpeed-prepared network. `groups`: the trained parameters
     in the order the optimizer was built with (its state_dict indices), kept before DeepSpeed flattens them."""
