@@ -92,3 +92,29 @@ def test_the_plan_of_a_shipped_gpu_preset_says_its_caches_figures(mixed_data, mo
     assert plan.caches.startswith(f"text cache: {len(captions)} captions x (512 tokens x 3,585) x fp32 = ")
     assert f"({text_cache_bytes(sizes, len(captions), 512):,} bytes) on disk; latent cache: " in plan.caches
     assert " x bf16 = " in plan.caches and "not held in RAM" in plan.caches
+
+
+def test_an_edit_familys_text_cache_counts_a_row_per_caption_and_control_image(mixed_data, tmp_path, monkeypatch):
+    """Qwen-Image-Edit's text embedding reads the control image with the caption (trainer.families.qwenimage_edit
+    text_key): images that share a caption are still a row each, where Qwen-Image caches that caption once."""
+    import shutil
+    from pathlib import Path
+
+    from trainer.core.config import load_config
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    controls = tmp_path / "controls"
+    controls.mkdir()
+    for image in mixed_data.glob("*.png"):
+        shutil.copy(image, controls / image.name)
+    preset = Path(__file__).resolve().parents[1] / "presets" / "qwenimage-edit-lora-24gb.yaml"
+    config = load_config(preset, [f"data.path={mixed_data}", f"data.control_path={controls}"])
+    scan = check_captioned_images(config)
+    captions = {item.caption for item in scan.items}
+    assert len(captions) < len(scan.items)  # two colours, more images
+    edit, plain = spec_of("qwenimage_edit").sizes, spec_of("qwenimage").sizes
+    prompts = len(cached_captions(config, plain, [])) if config.sample.prompts else 0
+    assert len(cached_captions(config, edit, scan.items)) == len(scan.items) + prompts
+    assert len(cached_captions(config, plain, scan.items)) == len(captions) + prompts
+    assert cache_line(config, edit, scan, "bf16", True).startswith(
+        f"text cache: {len(scan.items) + prompts} (caption, control image) pairs x (512 tokens x 3,585) x fp32")

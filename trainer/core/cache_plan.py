@@ -29,7 +29,12 @@ def cached_captions(config, sizes: ModelSizes, items) -> list[str]:
     folders = sources(config.data)
     texts: list[str] = []
     for index, source in enumerate(folders):
-        texts += source.augment.cached_captions(item.caption for item in items if item.dataset == index)
+        mine = [item for item in items if item.dataset == index]
+        if sizes.text_per_image:  # an entry per (caption, control image): the same caption twice is two entries
+            texts += [f"{text}\0{item.path}" for item in mine
+                      for text in source.augment.cached_captions([item.caption])]
+        else:
+            texts += source.augment.cached_captions(item.caption for item in mine)
     sample = config.sample  # sample.prompts, then the scored prompts (trained_weights.sample_prompts)
     prompts = list(sample.prompts)
     prompts += [s.prompt for s in (sample.concept, sample.control) if s.prompt and s.prompt not in prompts]
@@ -62,7 +67,8 @@ def cache_line(config, sizes: ModelSizes, scan, precision: str, text_cached: boo
         tokens = config.flow.max_sequence_length or sizes.text_tokens
         per_token, per_caption = sizes.text_floats
         extra = f" + {per_caption:,}" if per_caption else ""
-        parts.append(f"text cache: {captions:,} captions x ({tokens} tokens x {per_token:,}{extra}) x fp32 = "
+        what = "(caption, control image) pairs" if sizes.text_per_image else "captions"
+        parts.append(f"text cache: {captions:,} {what} x ({tokens} tokens x {per_token:,}{extra}) x fp32 = "
                      f"{_gb(text_cache_bytes(sizes, captions, tokens))} on disk")
     if config.data.cache_latents and config.data.center_crop and items:
         # the VAE runs in bf16 under bf16, else in fp32 (FLUX/SD3 in fp16 give NaN: trainer.families.flow.trainer)

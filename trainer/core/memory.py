@@ -56,6 +56,9 @@ class ModelSizes:
     pooled 768."""
     negative_text: str | None = None
     """What its sampling also encodes for a prompt: the negative prompt, this text when there is none; None: none."""
+    text_per_image: bool = False
+    """True: the text encoder also reads each image's control image (Qwen-Image-Edit), so the text cache holds an
+    entry per (caption, image) pair, not per distinct caption."""
     takes_negative: bool = True
     """False: `negative_text` is always encoded, whatever sample.negative_prompt says (FLUX.2 klein's "")."""
     latent_channels: int = 16

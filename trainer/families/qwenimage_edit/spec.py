@@ -10,7 +10,9 @@ from trainer.families.sizes import QWEN25_VL_7B, QWEN_VAE
 # Qwen-Image's transformer (the edit releases keep its architecture); the image sequence is the target's tokens
 # and the control's, cached at the target's bucket: twice Qwen-Image's activations (SDPA's memory is linear in
 # tokens; the text adds the control's ~200 vision tokens, a few percent of 8192 image tokens at 1024 px).
-_SIZES = flow_sizes(((60, 339_831_296),), 40_523_328, 3072, QWEN25_VL_7B, QWEN_VAE)
+_SIZES = flow_sizes(((60, 339_831_296),), 40_523_328, 3072, QWEN25_VL_7B, QWEN_VAE,
+                    # Qwen-Image's text layout (states padded to 512 and their mask), an entry per (caption, control)
+                    text_tokens=512, text_floats=(3584 + 1, 0), negative_text=" ", text_per_image=True)
 
 QWENIMAGE_EDIT = FamilySpec(
     name="qwenimage_edit",
