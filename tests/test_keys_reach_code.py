@@ -158,6 +158,7 @@ ROWS: dict[str, Seen | Shown] = {
     "model.text_encoder_device": Shown("test_text_encoder_weights.py::test_encoding_on_the_cpu_takes_the_encoders_out_of_the_gpu_plan_and_needs_the_text_cache"),
     "model.text_encoder_weights": Shown("test_text_encoder_weights.py::test_quantized_text_encoders_give_nearly_the_same_embeddings_and_the_lora_trains_on_them"),
     "hardware.gpu_memory_gb": Shown("test_memory_plan.py::test_auto_swaps_the_fewest_blocks_that_fit_the_card_the_preset_names"),
+    "hardware.gpus": Shown("test_memory_plan.py::test_a_dry_run_plans_a_sharded_full_fine_tune_for_the_gpus_the_preset_names"),
     "model.block_swap": Shown("test_block_swap.py::test_swapped_blocks_train_exactly_as_resident_ones_and_are_copied_for_forward_and_recompute"),
     "model.zero_terminal_snr": Seen("model.zero_terminal_snr=true", "loss"),
     "data.path": Shown("test_data.py::test_captions_from_same_name_text_files"),
