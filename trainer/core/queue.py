@@ -9,9 +9,14 @@ Each operation is one rename or unlink, so two writers (two UIs, a UI and `launc
 entry: add = write a temp file and rename it in; cancel = unlink; take = rename into .claimed/; move = a rename to
 a number between its new neighbours'.
 
+    runs/.queue/.claims/...          short jobs outside the queue that wait for devices or hold them (a Generate
+                                     of the web UI): trainer.core.claims
+
 A queued run waits only for the runs that hold its devices: one on GPUs 2,3 starts beside a run on GPUs 0,1, not
 beside one on GPU 2 (or on every GPU, `devices: auto`); CPU runs share the CPU, so they wait for each other. It
 never starts before an earlier queued run that waits for the same devices.
+
+Queued runs wait for a running claim as for a run, and let a waiting claim go first (trainer.core.claims).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import json
 
 import yaml
 
+from trainer.core import claims as claims_
 from trainer.core.config import Config, load_config, to_yaml
 from trainer.core.config.validate import parse_devices
 from trainer.core.runfolder import RunFolder, check_run_name
@@ -209,13 +215,17 @@ def load_claimed(path: Path) -> Config:
 
 
 def busy_runs(runs_dir: str | Path, devices: Devices = None) -> list[str]:
-    """The runs in the folder whose processes still run on any of `devices` (None: on any device)."""
-    return sorted(p.name for p in _live(runs_dir) if overlap(devices, run_devices(p)))
+    """What holds any of `devices` (None: any device): the runs in the folder whose processes still run, then the
+    running claims (their `what`)."""
+    return sorted(p.name for p in _live(runs_dir) if overlap(devices, run_devices(p))) + \
+        [c.what for c in claims_.claims(runs_dir) if c.running and overlap(devices, c.devices)]
 
 
 def must_wait(runs_dir: str | Path, devices: Devices) -> bool:
-    """Whether a new run on `devices` must queue: a live run holds one of them, or a queued run waits for one."""
-    return bool(busy_runs(runs_dir, devices)) or any(overlap(devices, entry_devices(q)) for q in entries(runs_dir))
+    """Whether a new run on `devices` must queue: a live run or a claim holds (or waits for) one of them, or a
+    queued run waits for one."""
+    return bool(busy_runs(runs_dir, devices)) or any(overlap(devices, c.devices) for c in claims_.claims(runs_dir)) or \
+        any(overlap(devices, entry_devices(q)) for q in entries(runs_dir))
 
 
 @contextmanager
@@ -233,15 +243,18 @@ def exclusive(runs_dir: str | Path) -> Iterator[None]:
 
 
 def start_next(runs_dir: str | Path, launch: Callable[[Config], T]) -> str | tuple[Queued, T | UserError]:
-    """Under the queue's lock: "busy" while a run is alive, "empty" without a queued run; else the next entry,
-    taken, and what `launch(config)` returned (it must return once the run's process is recorded: prepare_run and
-    start_run), or the UserError that refused it (its config no longer validates)."""
+    """Under the queue's lock: "empty" without a queued run, "busy" while each entry's devices are held (or wanted
+    by an earlier entry or a waiting claim); else the first entry whose devices are free, taken, and what
+    `launch(config)` returned (it must return once the run's process is recorded: prepare_run and start_run), or
+    the UserError that refused it (its config no longer validates)."""
     with exclusive(runs_dir):
         queued = entries(runs_dir)
         if not queued:
             return "empty"
-        held = [run_devices(p) for p in _live(runs_dir)]
-        waiting: list[Devices] = []  # the devices of earlier entries that wait: a later one must not jump them
+        now = claims_.claims(runs_dir)
+        held = [run_devices(p) for p in _live(runs_dir)] + [c.devices for c in now if c.running]
+        # The devices of earlier entries that wait (waiting claims come first): a later one must not jump them.
+        waiting: list[Devices] = [c.devices for c in now if not c.running]
         for q in queued:
             need = entry_devices(q)
             if any(overlap(need, d) for d in held + waiting):
@@ -265,27 +278,45 @@ def _live(runs_dir: str | Path) -> list[Path]:
         if root.is_dir() else []
 
 
-def drain(runs_dir: str | Path, launch: Callable[[Config], T], wait: Callable[[T], int], say: Callable[[str], None],
-          poll_s: float = 2.0) -> int:
-    """Start the queued runs one after another, each once no run in the folder is alive, until the queue is empty;
-    the number that did not end well. A run that fails, or whose config no longer validates, is reported and the
-    queue goes on."""
-    failures, waiting = 0, False
+def waits_for(runs_dir: str | Path) -> tuple[str, list[str]] | None:
+    """(the next queued run that waits, what holds its devices), for "waiting for ..."; None if none waits."""
+    for q in entries(runs_dir):
+        holders = busy_runs(runs_dir, entry_devices(q))
+        if holders:
+            return q.name, holders
+    return None
+
+
+def drain(runs_dir: str | Path, launch: Callable[[Config], T], poll: Callable[[T], int | None],
+          say: Callable[[str], None], poll_s: float = 2.0) -> int:
+    """Start the queued runs as their devices come free (one on GPUs 2,3 beside a run on GPUs 0,1), until the queue
+    is empty and the runs this started have ended; the number that did not end well. `poll(started)` is None while
+    a started run runs, then its exit code. A run that fails, or whose config no longer validates, is reported
+    and the queue goes on."""
+    failures, said = 0, ""
+    running: dict[str, T] = {}
     while True:
         got = start_next(runs_dir, launch)
-        if got == "empty":
+        if isinstance(got, tuple):
+            entry, started = got
+            if isinstance(started, UserError):
+                say(f"queued run {entry.name} was not started: {started}")
+                failures += 1
+            else:
+                say(f"started queued run {entry.name}")
+                running[entry.name] = started
+            continue  # another may start beside it
+        for name, proc in list(running.items()):
+            code = poll(proc)
+            if code is not None:
+                del running[name]
+                failures += code != 0
+                say(f"run {name} {'ended' if code == 0 else f'failed (exit code {code})'}")
+        if got == "empty" and not running:
             return failures
-        if isinstance(got, str):  # "busy"
-            if not waiting:
-                say(f"waiting for {', '.join(busy_runs(runs_dir)) or 'a run'} to end before the next queued run")
-            waiting = True
-            time.sleep(poll_s)  # a poll of the runs folder, as the UI's
-            continue
-        waiting = False
-        entry, started = got
-        if isinstance(started, UserError):
-            say(f"queued run {entry.name} was not started: {started}")
-            failures += 1
-            continue
-        say(f"started queued run {entry.name}")
-        failures += wait(started) != 0
+        blocked = waits_for(runs_dir) if got == "busy" else None
+        line = f"waiting for {', '.join(blocked[1])} to end before queued run {blocked[0]}" if blocked else ""
+        if line and line != said:
+            say(line)
+        said = line
+        time.sleep(poll_s)  # a poll of the runs folder, as the UI's
