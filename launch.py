@@ -309,6 +309,7 @@ def queue_worker(args) -> int:
     from trainer.core.launcher import prepare_run, start_run
 
     followed: dict[int, tuple[EventFollower, RunLines]] = {}
+    started: list = []
 
     def launch(config):
         run_dir, plan = prepare_run(config, args.runs_dir)
@@ -316,6 +317,7 @@ def queue_worker(args) -> int:
         print(f"run folder: {run_dir}", flush=True)
         proc = start_run(run_dir, plan, config, worker_module=args.worker_module)
         followed[id(proc)] = (EventFollower(run_dir), RunLines(run_dir.name, plan.steps))
+        started.append(proc)
         return proc
 
     def poll(proc) -> int | None:
@@ -329,7 +331,25 @@ def queue_worker(args) -> int:
         print(f"{proc.run_dir.name}: ", end="")
         return report(final or {"type": "failed", "reason": "no final event was written"}, proc)
 
-    failures = queue.drain(args.runs_dir, launch, poll, say=lambda line: print(f"queue: {line}", flush=True))
+    def interrupt(_signum, _frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        failures = queue.drain(args.runs_dir, launch, poll, say=lambda line: print(f"queue: {line}", flush=True))
+    except KeyboardInterrupt:  # as for one run (follow): a graceful stop of the runs it started, twice kills
+        live = [proc for proc in started if proc.poll() is None]
+        print(f"queue: interrupted; stopping the {len(live)} run(s) this worker started at their next step (Ctrl-C "
+              "again to kill them); the queued runs stay queued", flush=True)
+        for proc in live:
+            proc.request_stop()
+        try:
+            for proc in live:
+                proc.wait()
+        except KeyboardInterrupt:
+            for proc in live:
+                proc.kill(grace_s=5)
+        return 130
     print(f"queue: empty ({failures} run(s) did not end well)" if failures else "queue: empty")
     return 1 if failures else 0
 

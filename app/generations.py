@@ -69,7 +69,6 @@ def run(runs_dir: Path, run_dir: Path, request: Request, *, say: Callable[[str],
     `say` hears what it waits for, then the process's progress lines. UserError with the process's last line if
     it fails."""
     request = request.checked()
-    deadline = time.monotonic() + timeout_s
     out = RunFolder(run_dir).path / GENERATED / f"{time.time_ns():019d}"
     procs: list[subprocess.Popen] = []
 
@@ -87,7 +86,7 @@ def run(runs_dir: Path, run_dir: Path, request: Request, *, say: Callable[[str],
 
     claim = claims.take_turn(runs_dir, held_devices(run_dir), f"generation for run {run_dir.name}", start, say=say,
                              poll_s=poll_s, timeout_s=timeout_s)
-    proc, shown = procs[0], 0
+    proc, shown, deadline = procs[0], 0, time.monotonic() + timeout_s  # the wait above had a timeout of its own
     try:
         while True:
             try:

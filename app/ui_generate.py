@@ -107,9 +107,10 @@ def wire(ctx, runs, p: GeneratePanel) -> None:
         def work() -> None:
             try:
                 done.append(generations.run(run_dir, request, say=lines.put))
-            except (UserError, OSError) as exc:
+            except Exception as exc:  # shown in the panel (a UserError says what to do), never a hung panel
                 done.append(exc)
-            lines.put(None)  # the end
+            finally:
+                lines.put(None)  # the end
 
         threading.Thread(target=work, daemon=True, name=f"generate-{name}").start()
         yield info(f"Generating step {request.step}…"), gr.skip(), gr.skip()
