@@ -4,13 +4,12 @@ by every UI and command line on that folder. Torch-free.
     runs/.queue/<ns>-<name>.yaml     one queued run: its resolved config (validated when queued, and again
                                      by prepare_run when it starts); the queue's order is the names' order
     runs/.queue/.claimed/...         the entry a queue worker took (a rename: only one worker wins it)
+    runs/.queue/.claims/...          short jobs outside the queue that wait for devices or hold them (a Generate
+                                     of the web UI): trainer.core.claims
 
 Each operation is one rename or unlink, so two writers (two UIs, a UI and `launch.py --queue`) never see half an
 entry: add = write a temp file and rename it in; cancel = unlink; take = rename into .claimed/; move = a rename to
 a number between its new neighbours'.
-
-    runs/.queue/.claims/...          short jobs outside the queue that wait for devices or hold them (a Generate
-                                     of the web UI): trainer.core.claims
 
 A queued run waits only for the runs that hold its devices: one on GPUs 2,3 starts beside a run on GPUs 0,1, not
 beside one on GPU 2 (or on every GPU, `devices: auto`); CPU runs share the CPU, so they wait for each other. It
@@ -21,26 +20,25 @@ Queued runs wait for a running claim as for a run, and let a waiting claim go fi
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, TypeVar
 
-import json
 
 import yaml
 
-from trainer.core import claims as claims_
+# Who holds which devices (live runs, claims) and the queue's lock: trainer.core.claims; named here as well, as
+# the queue's vocabulary (queue.Devices, queue.busy_runs, queue.exclusive...).
+from trainer.core.claims import (Devices, busy_runs, claims, exclusive, live_runs,  # noqa: F401
+                                 overlap, queue_dir, run_devices)
 from trainer.core.config import Config, load_config, to_yaml
 from trainer.core.config.validate import parse_devices
-from trainer.core.runfolder import RunFolder, check_run_name
+from trainer.core.runfolder import check_run_name
 from trainer.errors import UserError
 
-QUEUE_DIR = ".queue"
 CLAIMED = ".claimed"
 T = TypeVar("T")
 _ENTRY = re.compile(r"^(\d{19,})-([A-Za-z0-9][A-Za-z0-9._-]*)\.yaml$")
@@ -55,10 +53,6 @@ class Queued:
     @property
     def id(self) -> str:
         return self.path.stem
-
-
-def queue_dir(runs_dir: str | Path) -> Path:
-    return Path(runs_dir).expanduser().resolve() / QUEUE_DIR
 
 
 def add(runs_dir: str | Path, config: Config) -> Queued:
@@ -167,11 +161,6 @@ def take(runs_dir: str | Path) -> tuple[Queued, Path] | None:
     return None
 
 
-# Devices as sets of names ("gpu:2", "cpu"); None: every device (`auto`, a GPU count: which ones is known only at
-# the start), which overlaps everything.
-Devices = frozenset[str] | None
-
-
 def config_devices(devices: object) -> Devices:
     """The devices a config's `devices` value takes."""
     try:
@@ -185,19 +174,6 @@ def config_devices(devices: object) -> Devices:
     return None
 
 
-def run_devices(run_dir: Path) -> Devices:
-    """The devices a started run holds: its plan's (auto resolved), from plan.json."""
-    try:
-        devices = json.loads(RunFolder(run_dir).plan.read_text(encoding="utf-8")).get("devices")
-    except (OSError, ValueError, AttributeError):
-        return None
-    if devices == "cpu":
-        return frozenset({"cpu"})
-    if isinstance(devices, list) and all(isinstance(d, int) for d in devices):
-        return frozenset(f"gpu:{d}" for d in devices)
-    return None
-
-
 def entry_devices(q: Queued) -> Devices:
     try:
         return config_devices((yaml.safe_load(q.path.read_text(encoding="utf-8")) or {}).get("devices", "auto"))
@@ -205,41 +181,16 @@ def entry_devices(q: Queued) -> Devices:
         return None
 
 
-def overlap(a: Devices, b: Devices) -> bool:
-    return a is None or b is None or bool(a & b)
-
-
 def load_claimed(path: Path) -> Config:
     """The claimed run's config, validated again (a preset or the code may have changed since it was queued)."""
     return load_config(str(path))
 
 
-def busy_runs(runs_dir: str | Path, devices: Devices = None) -> list[str]:
-    """What holds any of `devices` (None: any device): the runs in the folder whose processes still run, then the
-    running claims (their `what`)."""
-    return sorted(p.name for p in _live(runs_dir) if overlap(devices, run_devices(p))) + \
-        [c.what for c in claims_.claims(runs_dir) if c.running and overlap(devices, c.devices)]
-
-
 def must_wait(runs_dir: str | Path, devices: Devices) -> bool:
     """Whether a new run on `devices` must queue: a live run or a claim holds (or waits for) one of them, or a
     queued run waits for one."""
-    return bool(busy_runs(runs_dir, devices)) or any(overlap(devices, c.devices) for c in claims_.claims(runs_dir)) or \
+    return bool(busy_runs(runs_dir, devices)) or any(overlap(devices, c.devices) for c in claims(runs_dir)) or \
         any(overlap(devices, entry_devices(q)) for q in entries(runs_dir))
-
-
-@contextmanager
-def exclusive(runs_dir: str | Path) -> Iterator[None]:
-    """The queue's lock (runs/.queue/.lock, flock): held from "is the machine free?" to the started run's process
-    being recorded, so two starters (two UIs' runners, a UI's Start, a --queue-worker) never start two runs at once."""
-    root = queue_dir(runs_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".lock", "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def start_next(runs_dir: str | Path, launch: Callable[[Config], T]) -> str | tuple[Queued, T | UserError]:
@@ -251,8 +202,8 @@ def start_next(runs_dir: str | Path, launch: Callable[[Config], T]) -> str | tup
         queued = entries(runs_dir)
         if not queued:
             return "empty"
-        now = claims_.claims(runs_dir)
-        held = [run_devices(p) for p in _live(runs_dir)] + [c.devices for c in now if c.running]
+        now = claims(runs_dir)
+        held = [run_devices(p) for p in live_runs(runs_dir)] + [c.devices for c in now if c.running]
         # The devices of earlier entries that wait (waiting claims come first): a later one must not jump them.
         waiting: list[Devices] = [c.devices for c in now if not c.running]
         for q in queued:
@@ -270,12 +221,6 @@ def start_next(runs_dir: str | Path, launch: Callable[[Config], T]) -> str | tup
             finally:
                 claimed.unlink(missing_ok=True)
         return "busy"
-
-
-def _live(runs_dir: str | Path) -> list[Path]:
-    root = Path(runs_dir).expanduser()
-    return [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and RunFolder(p).is_alive()] \
-        if root.is_dir() else []
 
 
 def waits_for(runs_dir: str | Path) -> tuple[str, list[str]] | None:
