@@ -12,7 +12,7 @@
     python launch.py --push-to-hub RUN_DIR [REPO_ID]   upload a done run's outputs and model card to the Hub
     python launch.py --export RUN [--step N]           write a checkpoint's outputs (LoRA, model) into the run folder
     python launch.py --preset PRESET [...] --queue     add a run to the queue (runs/.queue/), validated now
-    python launch.py --queue-worker                    start the queued runs one after another, until none is left
+    python launch.py --queue-worker                    start the queued runs as their devices come free, until none is left
     python launch.py --queue-list | --queue-move ENTRY up|down   show the queue; move a queued run
 
 Exit status: 0 when the run is done or was stopped, 1 when it failed, 2 for a mistake in the command line or
@@ -49,7 +49,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--queue", action="store_true",
                    help="with --preset: queue the run (it starts when the runs before it have ended) instead of now")
     p.add_argument("--queue-worker", action="store_true",
-                   help="start the queued runs of --runs-dir one after another, each when no run holds the machine")
+                   help="start the queued runs of --runs-dir as their devices come free (a run on GPUs 2,3 beside "
+                        "one on GPUs 0,1), until the queue is empty and they have ended")
     p.add_argument("--queue-list", action="store_true", help="list the queued runs of --runs-dir, next first")
     p.add_argument("--queue-move", nargs=2, metavar=("ENTRY", "up|down"),
                    help="move a queued run (its position, name or id, as --queue-list shows) one place earlier or later")
@@ -307,19 +308,76 @@ def queue_edit(args) -> int:
 
 
 def queue_worker(args) -> int:
+    """Start the queued runs as their devices come free (trainer.core.queue.drain), several at once when they need
+    different GPUs; each run's lines carry its name."""
     from trainer.core import queue
+    from trainer.core.events import EventFollower
     from trainer.core.launcher import prepare_run, start_run
+
+    followed: dict[int, tuple[EventFollower, RunLines]] = {}
+    started: list = []
 
     def launch(config):
         run_dir, plan = prepare_run(config, args.runs_dir)
         print_plan(plan)
         print(f"run folder: {run_dir}", flush=True)
-        return start_run(run_dir, plan, config, worker_module=args.worker_module)
+        proc = start_run(run_dir, plan, config, worker_module=args.worker_module)
+        followed[id(proc)] = (EventFollower(run_dir), RunLines(run_dir.name, plan.steps))
+        started.append(proc)
+        return proc
 
-    failures = queue.drain(args.runs_dir, launch, lambda proc: follow(proc, start_step=0, offset=0),
-                           say=lambda line: print(f"queue: {line}", flush=True))
+    def poll(proc) -> int | None:
+        follower, lines = followed[id(proc)]
+        ended = proc.poll() is not None
+        final = proc.wait() if ended else None  # writes `failed` if the workers died without a final event
+        for event in follower.poll():
+            final = show(event, lines, proc) or final
+        if not ended:
+            return None
+        print(f"{proc.run_dir.name}: ", end="")
+        return report(final or {"type": "failed", "reason": "no final event was written"}, proc)
+
+    def interrupt(_signum, _frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        failures = queue.drain(args.runs_dir, launch, poll, say=lambda line: print(f"queue: {line}", flush=True))
+    except KeyboardInterrupt:  # as for one run (follow): a graceful stop of the runs it started, twice kills
+        live = [proc for proc in started if proc.poll() is None]
+        print(f"queue: interrupted; stopping the {len(live)} run(s) this worker started at their next step (Ctrl-C "
+              "again to kill them); the queued runs stay queued", flush=True)
+        for proc in live:
+            proc.request_stop()
+        try:
+            for proc in live:
+                proc.wait()
+        except KeyboardInterrupt:
+            for proc in live:
+                proc.kill(grace_s=5)
+        return 130
     print(f"queue: empty ({failures} run(s) did not end well)" if failures else "queue: empty")
     return 1 if failures else 0
+
+
+class RunLines:
+    """`show`'s progress bar for the queue worker, whose runs may train side by side: lines named by the run, and
+    a progress line at each tenth of the steps."""
+
+    def __init__(self, name: str, total: int):
+        self.name, self.total, self.n, self._tenth = name, total, 0, 0
+
+    def write(self, line: str) -> None:
+        print(f"{self.name}: {line}", flush=True)
+
+    def update(self, by: int) -> None:
+        self.n += by
+
+    def set_postfix_str(self, text: str) -> None:
+        tenth = self.n * 10 // max(1, self.total)
+        if tenth > self._tenth:
+            self._tenth = tenth
+            self.write(f"step {self.n}/{self.total} · {text}")
 
 
 def resume_headless(args) -> int:

@@ -1,7 +1,9 @@
 """Generations started from the UI's Generate panel: `python -m trainer.engine.generate` in a process of its own
-(it loads the model; torch stays out of the UI), into `<run>/generated/<id>/`. A run trained on GPUs waits until
-no live run holds those GPUs (queued behind training: two models on one GPU would each crawl or run out of memory);
-a CPU run's generation starts at once, at a lower priority than any training. Torch-free."""
+(it loads the model; torch stays out of the UI), into `<run>/generated/<id>/`, on the devices the run trained on
+(its plan's: GPUs, or the CPU for the demo models). It takes them as a claim of the run queue
+(trainer.core.claims): queued behind a training or another generation on the same devices, and saying what it
+waits for; ahead of the queued runs; beside a training on other GPUs. It runs at a lower priority than training.
+Its progress is the lines the process prints. Torch-free."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from trainer.core import queue
+from trainer.core import claims, queue
 from trainer.core.launcher import repo_env
 from trainer.core.runfolder import RunFolder
 from trainer.errors import UserError
@@ -57,44 +59,68 @@ class Request:
 
 
 def held_devices(run_dir: Path) -> queue.Devices:
-    """The devices a generation for this run would use: its plan's (a CPU run's: none to wait for)."""
-    devices = queue.run_devices(run_dir)
-    return frozenset() if devices == frozenset({"cpu"}) else devices
+    """The devices a generation for this run takes: its plan's (None, every device, if it has no plan)."""
+    return queue.run_devices(run_dir)
 
 
 def run(runs_dir: Path, run_dir: Path, request: Request, *, say: Callable[[str], None] = lambda _: None,
         poll_s: float = 2.0, timeout_s: float = TIMEOUT_S) -> Path:
-    """Generate `request` for `run_dir` (waiting for its devices first); the folder holding base.png and
-    tuned.png. UserError with the process's last line if it fails."""
+    """Generate `request` for `run_dir` once its devices are free; the folder holding base.png and tuned.png.
+    `say` hears what it waits for, then the process's progress lines. UserError with the process's last line if
+    it fails."""
     request = request.checked()
-    devices = held_devices(run_dir)
-    deadline = time.monotonic() + timeout_s
-    while devices != frozenset() and (busy := queue.busy_runs(runs_dir, devices)):
-        say(f"waiting for {', '.join(busy)} to free the GPU")
-        if time.monotonic() > deadline:
-            raise UserError(f"{', '.join(busy)} still holds the GPU; generate again when it has ended.")
-        time.sleep(poll_s)  # a poll of the runs folder, as the queue's runner
     out = RunFolder(run_dir).path / GENERATED / f"{time.time_ns():019d}"
-    out.mkdir(parents=True)
-    env = repo_env()
-    with open(out / "generate.log", "wb") as log:
-        proc = subprocess.Popen(request.argv(run_dir, out), stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    procs: list[subprocess.Popen] = []
+
+    def start() -> int:  # under the queue's lock, once the devices are free
+        out.mkdir(parents=True)
+        with open(out / "generate.log", "wb") as log:
+            proc = subprocess.Popen(request.argv(run_dir, out), stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, env=repo_env(), start_new_session=True)
+        procs.append(proc)
         try:
             os.setpriority(os.PRIO_PROCESS, proc.pid, 10)  # below training: a try must not slow a run
         except OSError:
             pass
-        try:
-            code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            raise UserError("Generating took longer than 30 minutes and was stopped.") from None
+        return proc.pid
+
+    claim = claims.take_turn(runs_dir, held_devices(run_dir), f"generation for run {run_dir.name}", start, say=say,
+                             poll_s=poll_s, timeout_s=timeout_s)
+    proc, shown, deadline = procs[0], 0, time.monotonic() + timeout_s  # the wait above had a timeout of its own
+    try:
+        while True:
+            try:
+                code = proc.wait(timeout=poll_s)
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() > deadline:
+                    proc.kill()
+                    proc.wait()
+                    raise UserError("Generating took longer than 30 minutes and was stopped.") from None
+            finally:
+                shown = _say_new_lines(out / "generate.log", shown, say)
+    finally:
+        claim.unlink(missing_ok=True)
     if code != 0 or not (out / RESULT).is_file():
         lines = (out / "generate.log").read_text(encoding="utf-8", errors="replace").strip().splitlines()
         last = next((line for line in reversed(lines) if line.strip()), "no output")
         raise UserError(f"Generating failed: {last.removeprefix('error: ')[:400]}")
     return out
+
+
+PROGRESS = "generate: "  # trainer.engine.generate.PROGRESS (the UI stays torch-free: not imported)
+
+
+def _say_new_lines(log: Path, shown: int, say: Callable[[str], None]) -> int:
+    """Pass on the progress lines the process printed since the first `shown` lines; how many it has printed."""
+    try:
+        lines = log.read_text(encoding="utf-8", errors="replace").split("\n")[:-1]  # whole lines only
+    except OSError:
+        return shown
+    for line in lines[shown:]:
+        if line.startswith(PROGRESS):
+            say(line.removeprefix(PROGRESS))
+    return len(lines)
 
 
 def result_of(out: Path) -> dict:

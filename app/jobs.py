@@ -156,8 +156,9 @@ class Jobs:
         return run_dir
 
     def start_queue_runner(self, poll_s: float = 2.0) -> None:
-        """Start the queued runs (this UI's, another's, the command line's) one after another, each once no run in
-        the folder is alive. Two UIs' runners take turns under the queue's lock (trainer.core.queue)."""
+        """Start the queued runs (this UI's, another's, the command line's) as their devices come free: each poll
+        starts the first that no live run, Generate or earlier entry holds (trainer.core.queue.start_next). Two
+        UIs' runners take turns under the queue's lock."""
         def loop() -> None:
             while not self._closing.wait(poll_s):  # a poll of the runs folder, as the Runs tab's
                 try:

@@ -96,7 +96,7 @@ def main(host: str = "127.0.0.1", port: int = 7860, auth: tuple[str, str] | None
 
     ctx = make_context(runs_dir, home, ws)
     ctx.login = auth is not None
-    ctx.jobs.start_queue_runner()  # queued runs start here too, one after another (trainer.core.queue)
+    ctx.jobs.start_queue_runner()  # queued runs start here too, as their devices come free (trainer.core.queue)
     ctx.jobs.warm_demo()  # builds the offline demo's tiny model in a child process, so the first Start is quick
     blocks = build_ui(ctx)
     _patient_url_ok()

@@ -6,6 +6,8 @@ CPU for the demo models). Its checkpoint list follows the Export panel's refresh
 from __future__ import annotations
 
 import html
+import queue
+import threading
 from dataclasses import dataclass
 
 import gradio as gr
@@ -33,8 +35,8 @@ class GeneratePanel:
 def build() -> GeneratePanel:
     with gr.Accordion("Generate: try a checkpoint", open=False, elem_id="generate-accordion") as accordion:
         gr.HTML('<div class="hint">The base model alone beside the base with a checkpoint\'s weights, same prompt '
-                'and seed. It loads the model in a process of its own: on the GPU once no training holds it, at '
-                'once on the CPU for the demo models.</div>')
+                'and seed. It loads the model in a process of its own on the devices the run trained on (the CPU '
+                'for the demo models), once no training holds them.</div>')
         with gr.Row(equal_height=True):
             checkpoint = gr.Dropdown(choices=[], value=None, label="Checkpoint", interactive=True, scale=1,
                                      elem_id="generate-step")
@@ -73,6 +75,14 @@ def first_prompt(ctx, name: str) -> str:
     return next((e.prompt for _, e in sorted(view.samples.items()) if e.prompt), "")
 
 
+def info(text: str) -> str:
+    return f'<div class="msg-box info generate-progress">{html.escape(text)}</div>'
+
+
+def error(exc: Exception) -> str:
+    return f'<div class="msg-box error">{html.escape(str(exc))}</div>'
+
+
 def wire(ctx, runs, p: GeneratePanel) -> None:
     generations = Generations(ctx.jobs.runs_dir)
     # The checkpoint list: when a run is chosen and when the panel opens (not on every poll: the panel is closed
@@ -82,20 +92,39 @@ def wire(ctx, runs, p: GeneratePanel) -> None:
               outputs=[p.checkpoint], show_progress="hidden")
 
     def generate(name, step, prompt, seed, steps, guidance, scale):
+        """Yields (message, base, tuned): what it waits for, then the process's progress, then the images."""
         try:
             if step is None:
                 raise UserError("This run has no checkpoint yet: generate once it has saved one.")
             run_dir = ctx.jobs.run_dir(name)
-            prompt = prompt or first_prompt(ctx, name)
-            request = Request(int(step), prompt, seed, steps, guidance, scale)
-            out = generations.run(run_dir, request)
+            request = Request(int(step), prompt or first_prompt(ctx, name), seed, steps, guidance, scale).checked()
         except (UserError, OSError, TypeError, ValueError) as exc:
-            return f'<div class="msg-box error">{html.escape(str(exc))}</div>', gr.skip(), gr.skip()
+            yield error(exc), gr.skip(), gr.skip()
+            return
+        lines: queue.Queue = queue.Queue()
+        done: list = []
+
+        def work() -> None:
+            try:
+                done.append(generations.run(run_dir, request, say=lines.put))
+            except Exception as exc:  # shown in the panel (a UserError says what to do), never a hung panel
+                done.append(exc)
+            finally:
+                lines.put(None)  # the end
+
+        threading.Thread(target=work, daemon=True, name=f"generate-{name}").start()
+        yield info(f"Generating step {request.step}…"), gr.skip(), gr.skip()
+        while (line := lines.get()) is not None:
+            yield info(line), gr.skip(), gr.skip()
+        if isinstance(done[0], Exception):
+            yield error(done[0]), gr.skip(), gr.skip()
+            return
+        out = done[0]
         result = result_of(out)
         note = (f'<div class="msg-box ok">Step {result["step"]} at LoRA scale {result["scale"]:g}, seed '
                 f'{result["seed"]}, {result["steps"]} steps, guidance {result["guidance"]:g} on {result["device"]}: '
                 f'{html.escape(result["prompt"])}</div>')
-        return note, str(out / "base.png"), str(out / "tuned.png")
+        yield note, str(out / "base.png"), str(out / "tuned.png")
 
     p.go.click(generate, inputs=[runs.select, p.checkpoint, p.prompt, p.seed, p.steps, p.guidance, p.scale],
                outputs=[p.message, p.base, p.tuned], api_name="generate", concurrency_limit=2)

@@ -26,8 +26,8 @@ class QueuePanel:
 
 def build() -> QueuePanel:
     with gr.Row(visible=False, elem_id="queue-row", equal_height=True) as row:
-        entry = gr.Dropdown(choices=[], value=None, label="Queued runs (started one after another by "
-                            "`python launch.py --queue-worker`)", interactive=True, scale=3, elem_id="queue-entry")
+        entry = gr.Dropdown(choices=[], value=None, label="Queued runs (each starts when its devices are "
+                            "free)", interactive=True, scale=3, elem_id="queue-entry")
         up = gr.Button("▲ Earlier", elem_id="queue-up", scale=0, min_width=100)
         down = gr.Button("▼ Later", elem_id="queue-down", scale=0, min_width=100)
         cancel = gr.Button("Cancel queued run", elem_id="queue-cancel", scale=1, min_width=140)

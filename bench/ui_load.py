@@ -5,6 +5,11 @@ what the launcher now sets for CPU runs) while they wait.
 
     python bench/ui_load.py                          # 20 sessions, 30 s phases, 2 rounds
     python bench/ui_load.py --sessions 20 --phase-s 30 --rounds 2 --json bench/results/ui_load.json
+    python bench/ui_load.py --http --sessions 20 --phase-s 15 --rounds 6   # the real server, over HTTP
+
+With --http the UI is the real server (`launch.py --host 127.0.0.1 --port P`, its own process) and each session
+is an open page as the server sees it (bench/_gradio_page.py: the requests Chromium sends while the Runs tab is
+shown, recorded with Playwright); the UI's cost is then that whole process's CPU time, HTTP and Gradio included.
 
 A session is what the server does for one open page: the Runs tab's timer calls `app.ui_runs.tick` with that
 page's `seen` (what it shows) every 2 s, each session on its own thread, all in one process (the UI's), as
@@ -66,8 +71,11 @@ def worker_cpu_s(run: Path) -> float:
     from trainer.core.runfolder import RunFolder
 
     pid = RunFolder(run).launcher_pid()
-    if pid is None:
-        return 0.0
+    return 0.0 if pid is None else tree_cpu_s(pid)
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of process `pid` and every descendant so far (/proc)."""
     total, tick = 0.0, os.sysconf("SC_CLK_TCK")
     children = {pid}
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -125,10 +133,15 @@ def main() -> int:
     p.add_argument("--json", type=Path)
     p.add_argument("--omp", choices=("both", "active", "passive"), default="both",
                    help="the training's OMP_WAIT_POLICY: ACTIVE (threads spin), PASSIVE (they sleep), or both runs")
+    p.add_argument("--http", action="store_true",
+                   help="poll a real UI server (launch.py) over HTTP as open pages do (bench/_gradio_page.py), "
+                        "and count that whole process's CPU; the training's threads sleep (the launcher's default)")
     p.add_argument("--fresh-s", type=float, default=None,
                    help="app.ui_runs.SHARED.fresh_s (0: every poll of a changed folder renders anew, as before "
                         "the shared renders)")
     args = p.parse_args()
+    if args.http:
+        return main_http(args)
     if args.fresh_s is not None:
         from app import ui_runs
 
@@ -171,6 +184,95 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
+    return 0
+
+
+def main_http(args) -> int:
+    """The UI as users run it: `launch.py --host 127.0.0.1 --port P` in its own process, N pages polling it over
+    HTTP (bench/_gradio_page.py, threads of this process, paused in the 0-session phases), the training started
+    headless into the same runs folder (so the UI shows it). The UI's cost: its process tree's CPU time (/proc)."""
+    import socket
+    import urllib.request
+
+    from bench._gradio_page import Page, timer_handlers
+
+    results: dict = {"mode": "http", "cores": len(os.sched_getaffinity(0)), "sessions": args.sessions,
+                     "phase_s": args.phase_s, "load_before": os.getloadavg()}
+    with tempfile.TemporaryDirectory() as tmp, socket.socket() as s:
+        runs = Path(tmp) / "runs"
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        env = {**os.environ, "IMAGETUNE_HOME": str(Path(tmp) / "home"), "GRADIO_ANALYTICS_ENABLED": "False",
+               "HF_HUB_OFFLINE": "1"}
+        env.pop("IMAGETUNE_AUTH", None)
+        ui = subprocess.Popen([sys.executable, str(ROOT / "launch.py"), "--host", "127.0.0.1", "--port", str(port),
+                               "--runs-dir", str(runs)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            for _ in range(240):
+                try:
+                    urllib.request.urlopen(url, timeout=2).close()
+                    break
+                except OSError:
+                    time.sleep(0.5)  # a poll of a starting server
+            run = start_training(runs, passive=True)
+            handlers = timer_handlers(url)
+            active, stop = threading.Event(), threading.Event()
+            pages = [Page(url, handlers, active, stop, 2.0 * i / max(1, args.sessions))
+                     for i in range(args.sessions)]
+            for page in pages:
+                page.start()
+            for page in pages:
+                page.opened.wait(300)  # every page open (its first render is not a poll's cost)
+            time.sleep(5)  # past the first steps' warm-up
+            phases: list[dict] = []
+            for _ in range(args.rounds):
+                for sessions in (0, args.sessions):
+                    (active.set if sessions else active.clear)()
+                    for page in pages if not sessions else []:
+                        page.idle.wait(120)  # the last phase's requests answered: none counts in this one
+                    start, ui0, me0, train0 = time.time(), tree_cpu_s(ui.pid), time.process_time(), worker_cpu_s(run)
+                    steps0 = (_steps(run) or [(0, 0)])[-1][1]
+                    requests0 = sum(p.requests for p in pages)
+                    time.sleep(args.phase_s)
+                    wall = time.time() - start
+                    steps = (_steps(run) or [(0, 0)])[-1][1] - steps0
+                    phases.append({"sessions": sessions, "steps_per_s": rate(run, start, time.time()),
+                                   "ui_share": (tree_cpu_s(ui.pid) - ui0) / wall,
+                                   "clients_share": (time.process_time() - me0) / wall,
+                                   "train_cpu_s_per_step": (worker_cpu_s(run) - train0) / steps if steps else None,
+                                   "requests_per_s": (sum(p.requests for p in pages) - requests0) / wall,
+                                   "load": os.getloadavg()[0]})
+                    print(json.dumps(phases[-1]), flush=True)
+            errors = sum(p.errors for p in pages)  # before the pages stop (then the server goes away)
+            stop.set()
+            active.set()
+            (run / "STOP").write_text("")
+        finally:
+            ui.terminate()
+            ui.wait(30)
+        results["phases"] = phases
+        results["requests"] = sum(p.requests for p in pages)
+        results["errors"] = errors
+        results["last_errors"] = sorted({p.last_error for p in pages if p.last_error})[:5]
+        results["pages_on_the_run"] = sum(p.values.get(p.select_id) == run.name for p in pages)
+        for n in (0, args.sessions):
+            mine = [ph for ph in phases if ph["sessions"] == n]
+            results[f"median_{n}"] = {k: statistics.median(ph[k] for ph in mine if ph[k] is not None)
+                                      for k in ("steps_per_s", "ui_share", "clients_share", "train_cpu_s_per_step",
+                                                "requests_per_s", "load")}
+        m0, mn = results["median_0"]["steps_per_s"], results[f"median_{args.sessions}"]["steps_per_s"]
+        results["slowdown"] = 1 - mn / m0 if m0 else None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any('"stopped"' in line for line in
+                                                      (run / "events.jsonl").read_text().splitlines()[-3:]):
+            time.sleep(1)
+    results["load_after"] = os.getloadavg()
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in results.items() if k != "phases"}, indent=2))
     return 0
 
 

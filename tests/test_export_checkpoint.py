@@ -5,6 +5,7 @@ checkpoint holds the tensors of its own output/; bad input is one paragraph and 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -114,16 +115,45 @@ def test_a_step_without_a_checkpoint_is_refused_naming_the_ones_there(finished):
 
 
 @pytest.mark.slow
-def test_generate_draws_the_base_beside_the_checkpoint_in_a_process_of_its_own(finished):
+def test_generate_waits_for_a_cpu_training_then_draws_the_base_beside_the_checkpoint(finished):
     """The Generate panel's path (app.generations -> python -m trainer.engine.generate): the demo on the CPU, the
-    base alone and the base with step 2's LoRA, same seed: the LoRA changes the picture."""
+    base alone and the base with step 2's LoRA, same seed: the LoRA changes the picture. Asked while a training
+    holds the CPU, it waits for that run (saying so) and starts when it ends; while it draws, it holds the CPU
+    (a run started then would queue behind it)."""
+    import json
+
     import numpy as np
     from PIL import Image
 
     from app.generations import Request, result_of, run
+    from trainer.core import queue
+    from trainer.core.runlock import identity
 
-    out = run(finished.parent, finished, Request(step=2, prompt="a photo of a sks circle on a gray background",
-                                                 seed=3, steps=4, guidance=5.0, scale=1.0))
+    training = finished.parent / "training"  # a live CPU run: its launcher is a process this test ends
+    training.mkdir()
+    (training / "plan.json").write_text(json.dumps({"devices": "cpu"}))
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    (training / "launcher.pid").write_text(identity(proc.pid))
+    said: list[str] = []
+
+    def say(line: str) -> None:
+        said.append(line)
+        if line.startswith("queued"):
+            proc.stdin.close()  # type: ignore[union-attr]  # the training ends
+            proc.wait()
+        if line.startswith("drawing the base alone"):
+            said.append(f"held by {queue.busy_runs(finished.parent, frozenset({'cpu'}))}")
+
+    try:
+        out = run(finished.parent, finished, Request(step=2, prompt="a photo of a sks circle on a gray background",
+                                                     seed=3, steps=4, guidance=5.0, scale=1.0), say=say, poll_s=0.2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        shutil.rmtree(training)
+    assert said[0] == "queued: waiting for training to end", said
+    assert said[1:] == ["loading the model for step 2", "drawing the base alone (4 steps on cpu)",
+                        "held by ['generation for run demo']", "drawing the base with step 2 at LoRA scale 1"]
     assert out.parent == finished / "generated"
     assert result_of(out) == {"step": 2, "prompt": "a photo of a sks circle on a gray background", "seed": 3,
                               "steps": 4, "guidance": 5.0, "scale": 1.0, "device": "cpu"}

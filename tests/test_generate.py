@@ -1,5 +1,5 @@
 """The Generate panel's pieces that need no model: the LoRA scale's arithmetic, the form's bounds, which devices a
-generation waits for. (tests/test_export_checkpoint.py draws the demo through the real process.)"""
+generation takes (tests/test_queue.py: how it waits for them). (tests/test_export_checkpoint.py draws the demo through the real process.)"""
 
 from __future__ import annotations
 
@@ -45,11 +45,11 @@ def test_a_request_is_normalised_and_passed_as_arguments_never_through_a_shell(t
     assert argv[argv.index("--prompt") + 1] == "a dog; rm -rf /" and argv[1:3] == ["-m", "trainer.engine.generate"]
 
 
-def test_a_gpu_run_waits_for_its_gpus_a_cpu_run_for_nothing(tmp_path):
+def test_a_generation_takes_the_devices_its_run_trained_on(tmp_path):
     for name, devices in (("cpu", "cpu"), ("gpus", [2, 3]), ("unknown", None)):
         (tmp_path / name).mkdir()
         if devices is not None:
             (tmp_path / name / "plan.json").write_text(json.dumps({"devices": devices}))
-    assert held_devices(tmp_path / "cpu") == frozenset()
+    assert held_devices(tmp_path / "cpu") == frozenset({"cpu"})  # it waits for a CPU training (2 cores shared)
     assert held_devices(tmp_path / "gpus") == frozenset({"gpu:2", "gpu:3"})
     assert held_devices(tmp_path / "unknown") is None  # no plan: every device

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainer.core import queue
+from trainer.core import claims, queue
 from trainer.core.assets import demo_assets
 from trainer.core.events import final_event, read_events
 
@@ -90,6 +90,11 @@ def _live_run(runs: Path, name: str, devices) -> None:
     (run / "launcher.pid").write_text(identity(os.getpid()))
 
 
+def _end(runs: Path, name: str) -> None:
+    """The live run's process ends (its pid file no longer names a live process)."""
+    (runs / name / "launcher.pid").unlink()
+
+
 def test_queued_runs_move_earlier_and_later(tmp_path):
     for name in ("a", "b", "c"):
         _queue(tmp_path, name, "cpu")
@@ -124,6 +129,79 @@ def test_a_queued_run_waits_only_for_the_runs_on_its_devices(tmp_path):
     assert queue.must_wait(tmp_path, queue.config_devices("auto")) and queue.must_wait(tmp_path, frozenset({"gpu:1"}))
     assert queue.busy_runs(tmp_path, frozenset({"gpu:0"})) == ["training"]
     assert queue.busy_runs(tmp_path, None) == ["on-2-3", "training"]
+
+
+def test_the_worker_starts_runs_on_free_gpus_beside_a_live_one_and_goes_on_after_a_failure(tmp_path):
+    """queue.drain, as `launch.py --queue-worker` runs it, on fake device sets: with a run alive on GPUs 0,1, the
+    queued run on GPUs 2,3 starts at once and the one on GPU 0 waits, the message naming only the run on its GPUs;
+    the run on GPUs 2,3 fails, the next queued run on GPU 2 starts in its place, and the queue goes on to the end."""
+    _live_run(tmp_path, "training", [0, 1])
+    _queue(tmp_path, "on-0", [0])
+    _queue(tmp_path, "on-2-3", [2, 3])
+    _queue(tmp_path, "on-2", [2])
+    said: list[str] = []
+    exits = {"on-2-3": None, "on-2": None, "on-0": 0}  # None: still running
+
+    def launch(config):
+        _live_run(tmp_path, config.name, list(config.devices))
+        return config.name
+
+    def poll(name):
+        if exits[name] is not None:
+            _end(tmp_path, name)
+        return exits[name]
+
+    def say(line):
+        said.append(line)
+        if line == "waiting for training to end before queued run on-0" and exits["on-2-3"] is None:
+            exits["on-2-3"] = 1  # it fails
+        if line == "started queued run on-2":
+            exits["on-2"] = 0
+        if line == "run on-2 ended":
+            _end(tmp_path, "training")
+
+    assert queue.drain(tmp_path, launch, poll, say, poll_s=0) == 1
+    assert said == ["started queued run on-2-3", "waiting for training to end before queued run on-0",
+                    "run on-2-3 failed (exit code 1)", "started queued run on-2", "run on-2 ended",
+                    "started queued run on-0", "run on-0 ended"]
+    assert queue.entries(tmp_path) == []
+
+
+def _child() -> subprocess.Popen:
+    """A process that runs until its stdin closes: what a claim's job or a live run's process stands for."""
+    return subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+
+
+def test_a_claim_waits_only_for_what_holds_its_devices_and_goes_before_queued_runs(tmp_path):
+    """A Generate's claim on fake devices: on GPU 2 it starts beside a run on GPUs 0,1 and then holds GPU 2 (a
+    queued run on it waits); on GPU 1 it waits for that run, saying so, and while it waits a queued run on GPU 1
+    does not take the GPU the run frees; a claim whose process ended holds nothing."""
+    _live_run(tmp_path, "training", [0, 1])
+    first, second = _child(), _child()
+    try:
+        claims.take_turn(tmp_path, frozenset({"gpu:2"}), "generation for run a", lambda: first.pid, poll_s=0)
+        assert queue.busy_runs(tmp_path, frozenset({"gpu:2"})) == ["generation for run a"]
+        _queue(tmp_path, "on-2", [2])
+        _queue(tmp_path, "on-1", [1])
+        launch = lambda config: pytest.fail(f"{config.name} started")  # noqa: E731
+        assert queue.start_next(tmp_path, launch) == "busy"
+        said: list[str] = []
+
+        def say(line):
+            said.append(line)
+            _end(tmp_path, "training")
+            assert queue.start_next(tmp_path, launch) == "busy"  # on-1 lets the waiting claim go first
+
+        claims.take_turn(tmp_path, frozenset({"gpu:1"}), "generation for run b", lambda: second.pid, say=say,
+                         poll_s=0)
+        assert said == ["queued: waiting for training to end"]
+        assert [(c.what, c.running) for c in claims.claims(tmp_path)] == [("generation for run a", True),
+                                                                         ("generation for run b", True)]
+    finally:
+        for child in (first, second):
+            child.stdin.close()  # type: ignore[union-attr]
+            child.wait()
+    assert claims.claims(tmp_path) == [] and queue.busy_runs(tmp_path) == []
 
 
 def test_the_command_line_lists_and_moves_queued_runs(tmp_path, capsys):

@@ -4,6 +4,8 @@ by every UI and command line on that folder. Torch-free.
     runs/.queue/<ns>-<name>.yaml     one queued run: its resolved config (validated when queued, and again
                                      by prepare_run when it starts); the queue's order is the names' order
     runs/.queue/.claimed/...         the entry a queue worker took (a rename: only one worker wins it)
+    runs/.queue/.claims/...          short jobs outside the queue that wait for devices or hold them (a Generate
+                                     of the web UI): trainer.core.claims
 
 Each operation is one rename or unlink, so two writers (two UIs, a UI and `launch.py --queue`) never see half an
 entry: add = write a temp file and rename it in; cancel = unlink; take = rename into .claimed/; move = a rename to
@@ -12,29 +14,31 @@ a number between its new neighbours'.
 A queued run waits only for the runs that hold its devices: one on GPUs 2,3 starts beside a run on GPUs 0,1, not
 beside one on GPU 2 (or on every GPU, `devices: auto`); CPU runs share the CPU, so they wait for each other. It
 never starts before an earlier queued run that waits for the same devices.
+
+Queued runs wait for a running claim as for a run, and let a waiting claim go first (trainer.core.claims).
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, TypeVar
 
-import json
 
 import yaml
 
+# Who holds which devices (live runs, claims) and the queue's lock: trainer.core.claims; named here as well, as
+# the queue's vocabulary (queue.Devices, queue.busy_runs, queue.exclusive...).
+from trainer.core.claims import (Devices, busy_runs, claims, exclusive, live_runs,  # noqa: F401
+                                 overlap, queue_dir, run_devices)
 from trainer.core.config import Config, load_config, to_yaml
 from trainer.core.config.validate import parse_devices
-from trainer.core.runfolder import RunFolder, check_run_name
+from trainer.core.runfolder import check_run_name
 from trainer.errors import UserError
 
-QUEUE_DIR = ".queue"
 CLAIMED = ".claimed"
 T = TypeVar("T")
 _ENTRY = re.compile(r"^(\d{19,})-([A-Za-z0-9][A-Za-z0-9._-]*)\.yaml$")
@@ -49,10 +53,6 @@ class Queued:
     @property
     def id(self) -> str:
         return self.path.stem
-
-
-def queue_dir(runs_dir: str | Path) -> Path:
-    return Path(runs_dir).expanduser().resolve() / QUEUE_DIR
 
 
 def add(runs_dir: str | Path, config: Config) -> Queued:
@@ -161,11 +161,6 @@ def take(runs_dir: str | Path) -> tuple[Queued, Path] | None:
     return None
 
 
-# Devices as sets of names ("gpu:2", "cpu"); None: every device (`auto`, a GPU count: which ones is known only at
-# the start), which overlaps everything.
-Devices = frozenset[str] | None
-
-
 def config_devices(devices: object) -> Devices:
     """The devices a config's `devices` value takes."""
     try:
@@ -179,19 +174,6 @@ def config_devices(devices: object) -> Devices:
     return None
 
 
-def run_devices(run_dir: Path) -> Devices:
-    """The devices a started run holds: its plan's (auto resolved), from plan.json."""
-    try:
-        devices = json.loads(RunFolder(run_dir).plan.read_text(encoding="utf-8")).get("devices")
-    except (OSError, ValueError, AttributeError):
-        return None
-    if devices == "cpu":
-        return frozenset({"cpu"})
-    if isinstance(devices, list) and all(isinstance(d, int) for d in devices):
-        return frozenset(f"gpu:{d}" for d in devices)
-    return None
-
-
 def entry_devices(q: Queued) -> Devices:
     try:
         return config_devices((yaml.safe_load(q.path.read_text(encoding="utf-8")) or {}).get("devices", "auto"))
@@ -199,49 +181,31 @@ def entry_devices(q: Queued) -> Devices:
         return None
 
 
-def overlap(a: Devices, b: Devices) -> bool:
-    return a is None or b is None or bool(a & b)
-
-
 def load_claimed(path: Path) -> Config:
     """The claimed run's config, validated again (a preset or the code may have changed since it was queued)."""
     return load_config(str(path))
 
 
-def busy_runs(runs_dir: str | Path, devices: Devices = None) -> list[str]:
-    """The runs in the folder whose processes still run on any of `devices` (None: on any device)."""
-    return sorted(p.name for p in _live(runs_dir) if overlap(devices, run_devices(p)))
-
-
 def must_wait(runs_dir: str | Path, devices: Devices) -> bool:
-    """Whether a new run on `devices` must queue: a live run holds one of them, or a queued run waits for one."""
-    return bool(busy_runs(runs_dir, devices)) or any(overlap(devices, entry_devices(q)) for q in entries(runs_dir))
-
-
-@contextmanager
-def exclusive(runs_dir: str | Path) -> Iterator[None]:
-    """The queue's lock (runs/.queue/.lock, flock): held from "is the machine free?" to the started run's process
-    being recorded, so two starters (two UIs' runners, a UI's Start, a --queue-worker) never start two runs at once."""
-    root = queue_dir(runs_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".lock", "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    """Whether a new run on `devices` must queue: a live run or a claim holds (or waits for) one of them, or a
+    queued run waits for one."""
+    return bool(busy_runs(runs_dir, devices)) or any(overlap(devices, c.devices) for c in claims(runs_dir)) or \
+        any(overlap(devices, entry_devices(q)) for q in entries(runs_dir))
 
 
 def start_next(runs_dir: str | Path, launch: Callable[[Config], T]) -> str | tuple[Queued, T | UserError]:
-    """Under the queue's lock: "busy" while a run is alive, "empty" without a queued run; else the next entry,
-    taken, and what `launch(config)` returned (it must return once the run's process is recorded: prepare_run and
-    start_run), or the UserError that refused it (its config no longer validates)."""
+    """Under the queue's lock: "empty" without a queued run, "busy" while each entry's devices are held (or wanted
+    by an earlier entry or a waiting claim); else the first entry whose devices are free, taken, and what
+    `launch(config)` returned (it must return once the run's process is recorded: prepare_run and start_run), or
+    the UserError that refused it (its config no longer validates)."""
     with exclusive(runs_dir):
         queued = entries(runs_dir)
         if not queued:
             return "empty"
-        held = [run_devices(p) for p in _live(runs_dir)]
-        waiting: list[Devices] = []  # the devices of earlier entries that wait: a later one must not jump them
+        now = claims(runs_dir)
+        held = [run_devices(p) for p in live_runs(runs_dir)] + [c.devices for c in now if c.running]
+        # The devices of earlier entries that wait (waiting claims come first): a later one must not jump them.
+        waiting: list[Devices] = [c.devices for c in now if not c.running]
         for q in queued:
             need = entry_devices(q)
             if any(overlap(need, d) for d in held + waiting):
@@ -259,33 +223,45 @@ def start_next(runs_dir: str | Path, launch: Callable[[Config], T]) -> str | tup
         return "busy"
 
 
-def _live(runs_dir: str | Path) -> list[Path]:
-    root = Path(runs_dir).expanduser()
-    return [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and RunFolder(p).is_alive()] \
-        if root.is_dir() else []
+def waits_for(runs_dir: str | Path) -> tuple[str, list[str]] | None:
+    """(the next queued run that waits, what holds its devices), for "waiting for ..."; None if none waits."""
+    for q in entries(runs_dir):
+        holders = busy_runs(runs_dir, entry_devices(q))
+        if holders:
+            return q.name, holders
+    return None
 
 
-def drain(runs_dir: str | Path, launch: Callable[[Config], T], wait: Callable[[T], int], say: Callable[[str], None],
-          poll_s: float = 2.0) -> int:
-    """Start the queued runs one after another, each once no run in the folder is alive, until the queue is empty;
-    the number that did not end well. A run that fails, or whose config no longer validates, is reported and the
-    queue goes on."""
-    failures, waiting = 0, False
+def drain(runs_dir: str | Path, launch: Callable[[Config], T], poll: Callable[[T], int | None],
+          say: Callable[[str], None], poll_s: float = 2.0) -> int:
+    """Start the queued runs as their devices come free (one on GPUs 2,3 beside a run on GPUs 0,1), until the queue
+    is empty and the runs this started have ended; the number that did not end well. `poll(started)` is None while
+    a started run runs, then its exit code. A run that fails, or whose config no longer validates, is reported
+    and the queue goes on."""
+    failures, said = 0, ""
+    running: dict[str, T] = {}
     while True:
         got = start_next(runs_dir, launch)
-        if got == "empty":
+        if isinstance(got, tuple):
+            entry, started = got
+            if isinstance(started, UserError):
+                say(f"queued run {entry.name} was not started: {started}")
+                failures += 1
+            else:
+                say(f"started queued run {entry.name}")
+                running[entry.name] = started
+            continue  # another may start beside it
+        for name, proc in list(running.items()):
+            code = poll(proc)
+            if code is not None:
+                del running[name]
+                failures += code != 0
+                say(f"run {name} {'ended' if code == 0 else f'failed (exit code {code})'}")
+        if got == "empty" and not running:
             return failures
-        if isinstance(got, str):  # "busy"
-            if not waiting:
-                say(f"waiting for {', '.join(busy_runs(runs_dir)) or 'a run'} to end before the next queued run")
-            waiting = True
-            time.sleep(poll_s)  # a poll of the runs folder, as the UI's
-            continue
-        waiting = False
-        entry, started = got
-        if isinstance(started, UserError):
-            say(f"queued run {entry.name} was not started: {started}")
-            failures += 1
-            continue
-        say(f"started queued run {entry.name}")
-        failures += wait(started) != 0
+        blocked = waits_for(runs_dir) if got == "busy" else None
+        line = f"waiting for {', '.join(blocked[1])} to end before queued run {blocked[0]}" if blocked else ""
+        if line and line != said:
+            say(line)
+        said = line
+        time.sleep(poll_s)  # a poll of the runs folder, as the UI's

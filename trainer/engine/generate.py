@@ -24,6 +24,7 @@ from trainer.core.runfolder import RunFolder
 from trainer.errors import UserError
 
 RESULT = "result.json"
+PROGRESS = "generate: "  # the start of a progress line (app.generations shows them)
 LORA_DOWN = (".lora_A.", ".lora_down.")  # kept as trained when scaling (see the module's docstring)
 
 
@@ -63,6 +64,8 @@ def generate(run_dir: Path, step: int | None, prompt: str, out_dir: Path, *, see
         raise UserError("Generate needs a prompt.")
     ckpt = pick_checkpoint(run_dir, step)
     quiet_library_chatter(run_dir)
+    say = lambda line: print(f"{PROGRESS}{line}", flush=True)  # noqa: E731  (app.generations passes them on)
+    say(f"loading the model for step {ckpt.step}")
     sample = replace(config.sample, prompts=[prompt], seed=seed, steps=steps, guidance_scale=guidance,
                      images_per_prompt=1, concept=replace(config.sample.concept, prompt=""),
                      control=replace(config.sample.control, prompt=""))
@@ -76,7 +79,9 @@ def generate(run_dir: Path, step: int | None, prompt: str, out_dir: Path, *, see
     family.load()
     base = {k: v.detach().clone() for k, v in family.trainable_state().items()}
     out_dir.mkdir(parents=True, exist_ok=True)
+    say(f"drawing the base alone ({steps} steps on {acc.device})")
     drawn = {"base": family.render_samples(0)[0][1][0]}
+    say(f"drawing the base with step {ckpt.step} at LoRA scale {scale:g}")
     load_weights(family, ckpt.path)
     _swap_in_ema(family, config, plan, ckpt, build_ema, ctx.log_warning)
     if scale != 1.0:
