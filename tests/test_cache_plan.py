@@ -73,7 +73,7 @@ def test_a_bf16_gpu_plans_half_the_latent_bytes_and_the_family_layout_sets_the_t
 
 
 def test_the_plan_of_a_shipped_gpu_preset_says_its_caches_figures(mixed_data, monkeypatch):
-    """What `--dry-run` prints as `caches:` (launch.print_plan), for Qwen-Image's 16 GB preset on a local folder:
+    """What `--dry-run` prints as `caches:` (trainer.cli.follow.print_plan), for Qwen-Image's 16 GB preset on a local folder:
     its 512-token Qwen2.5-VL rows, the negative prompt its true CFG encodes, bf16 latents on the card it names."""
     from pathlib import Path
 
