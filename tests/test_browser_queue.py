@@ -49,7 +49,9 @@ def test_queue_in_the_ui_lists_queues_on_start_cancels_is_shared_and_runs(page, 
                                  timeout=120)
             assert out.returncode == 0, out.stdout + out.stderr
         page.goto(app.url)
-        wait_text(page, "#run-header", "holder", timeout=60)  # the page opens on the Runs tab while a run is alive
+        # the page opens on the Runs tab while a run is alive; its first render took over 60 s on 2 cores busy with
+        # the rest of the suite (the UI's start also runs its GPU probe, a child importing torch): as test_browser
+        wait_text(page, "#run-header", "holder", timeout=150)
         page.click("#tab-train-button")
         page.click("#start-button")  # the demo preset, while `holder` runs: queued, not started beside it
         wait_text(page, "#start-message", "Queued", timeout=120)

@@ -57,7 +57,7 @@ def test_a_demo_runs_log_tells_its_story(tmp_path):
     assert "FutureWarning" not in log and "deprecat" not in log.lower(), log
     assert "There are modules in" not in log
     library = (run / "library.log").read_text()
-    assert "FutureWarning" in library or "deprecat" in library.lower()
+    assert "There are modules in" in library  # diffusers' warning of the run's dtype cast, there rather than lost
 
 
 def test_progress_lines_come_every_n_steps_at_round_numbers():
