@@ -441,7 +441,16 @@ def tick(ctx, name: str | None, seen: dict | None) -> list:
     """The timer's poll: nothing (gr.skip() everywhere) while the runs folder's fingerprint is what `seen` shows."""
     if R.fingerprint(ctx.jobs.runs_dir, name) == (seen or {}).get("fingerprint"):
         return [gr.skip()] * len(OUTPUT_NAMES)
-    return refresh(ctx, name, seen, fresh_ok=True)  # a poll may show a snapshot up to SHARED.fresh_s old
+    updates = refresh(ctx, name, seen, fresh_ok=True)  # a poll may show a snapshot up to SHARED.fresh_s old
+    # A poll leaves the page's selection alone unless the selected run is gone: a tick sent before the page's load
+    # had picked its run (name None) answered after it on a busy machine, and its `value: None` cleared the
+    # selection for good ("No run selected" beside a running run, seen on CI). Its other outputs are corrected by
+    # the next tick, which compares against what this one showed.
+    i = OUTPUT_NAMES.index("select")
+    gone = name is not None and isinstance(updates[i], dict) and updates[i].get("value") is None
+    if isinstance(updates[i], dict) and not gone:
+        updates[i] = {k: v for k, v in updates[i].items() if k != "value"}
+    return updates
 
 
 def outputs_of(t: RunsTab) -> list:

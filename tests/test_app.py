@@ -385,6 +385,26 @@ def test_a_run_a_terminal_waits_on_ends_once_when_the_ui_kills_it(tmp_path):
     assert "killed on request" in finals[0]["reason"] and ending == finals[0]
 
 
+def test_a_poll_never_moves_the_pages_selection_unless_its_run_is_gone(tmp_path, monkeypatch):
+    """A tick sent before the page's load picked its run (no run named) may answer after it on a busy machine: it
+    updates the list of runs but leaves the selection, which cleared it for good before ("No run selected" beside
+    a running run, on CI). A selected run deleted meanwhile is unselected."""
+    import shutil
+
+    from app import ui_runs
+    from app.jobs import HardwareCache, Jobs
+
+    run = write_run(tmp_path, "r", [PLAN, progress(1, 0.9)])
+    ctx = type("Ctx", (), {"jobs": Jobs(tmp_path, HardwareCache(hw=CPU))})()
+    monkeypatch.setattr(ui_runs.SHARED, "fresh_s", 0)  # each tick renders what is on disk now
+    select = ui_runs.OUTPUT_NAMES.index("select")
+    early = ui_runs.tick(ctx, None, {})[select]
+    assert early["choices"] and "value" not in early
+    assert "value" not in ui_runs.tick(ctx, "r", {})[select]  # the page's own choice stays the page's
+    shutil.rmtree(run)
+    assert ui_runs.tick(ctx, "r", {})[select]["value"] is None
+
+
 def test_runs_page_sends_only_what_changed(tmp_path):
     from app import ui_runs
     from app.jobs import HardwareCache, Jobs
