@@ -176,14 +176,24 @@ def main() -> int:
                             "train_cpu_s_per_step": {k: statistics.median(v) for k, v in cpu_per_step.items()},
                             "ui_cpu_share_of_a_core": statistics.median(ui_share) if ui_share else None}
             print(json.dumps({key: results[key]}), flush=True)
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and not any('"stopped"' in line for line in
-                                                          (run / "events.jsonl").read_text().splitlines()[-3:]):
-                time.sleep(1)
+            _wait_stopped(run)
+    return _write(results, args)
+
+
+def _wait_stopped(run: Path, timeout_s: float = 120) -> None:
+    """Until the training stopped by its STOP file has written `stopped` (or `timeout_s` passed)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not any('"stopped"' in line for line in
+                                                  (run / "events.jsonl").read_text().splitlines()[-3:]):
+        time.sleep(1)
+
+
+def _write(results: dict, args, shown=lambda r: r) -> int:
+    """The load after the runs, the JSON file (--json) and what is printed."""
     results["load_after"] = os.getloadavg()
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results, indent=2))
+    print(json.dumps(shown(results), indent=2))
     return 0
 
 
@@ -265,15 +275,8 @@ def main_http(args) -> int:
                                                 "requests_per_s", "load")}
         m0, mn = results["median_0"]["steps_per_s"], results[f"median_{args.sessions}"]["steps_per_s"]
         results["slowdown"] = 1 - mn / m0 if m0 else None
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not any('"stopped"' in line for line in
-                                                      (run / "events.jsonl").read_text().splitlines()[-3:]):
-            time.sleep(1)
-    results["load_after"] = os.getloadavg()
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in results.items() if k != "phases"}, indent=2))
-    return 0
+        _wait_stopped(run)
+    return _write(results, args, shown=lambda r: {k: v for k, v in r.items() if k != "phases"})
 
 
 if __name__ == "__main__":
